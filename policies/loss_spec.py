@@ -1,0 +1,160 @@
+"""`LossSpec`: every algorithm knob of the training objective, named after slime's flags.
+
+The trainer worker builds one `LossSpec` from the algorithm section of the config and passes it
+to `policies.objective.compute_objective` for every micro-batch. Field names are slime's flag
+names with dashes turned into underscores (`--eps-clip-high` -> `eps_clip_high`), so a slime
+recipe translates one to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOSS_TYPES = ("policy_loss", "sft")
+ADVANTAGE_ESTIMATORS = (
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "gspo",
+)
+POLICY_LOSSES = ("ppo", "cispo", "gspo")
+KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+MIS_LEVELS = (None, "sequence", "geometric")
+MIS_MODES = ("truncate", "clip", "mask")
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """Algorithm knobs of the RL objective (defaults = vanilla GRPO with PPO clipping).
+
+    Policy loss
+        loss_type: "policy_loss" (RL) or "sft" (negative log-likelihood on masked tokens).
+        advantage_estimator: how rewards become advantages (see `policies.advantages`).
+        policy_loss: "ppo" (clipped surrogate), "cispo" (clipped-IS-weight REINFORCE) or
+            "gspo" (sequence-level ratio).
+        eps_clip: lower clip range, the ratio is kept >= 1 - eps_clip.
+        eps_clip_high: upper clip range (DAPO clip-higher); None means eps_clip.
+        eps_clip_c: dual-clip constant (> 1) bounding the loss of negative-advantage tokens;
+            None disables dual clip.
+        loss_agg: how per-token losses become one number (see `policies.losses.aggregate`).
+
+    Regularisers
+        use_kl_loss / kl_loss_coef / kl_loss_type: KL(π_θ || π_ref) penalty added to the loss.
+        entropy_coef: weight of the entropy bonus (subtracted from the loss).
+
+    Train-inference mismatch (μ = rollout engine, π_old = trainer recompute)
+        use_tis / tis_clip / tis_clip_low: token-level truncated IS weight
+            clamp(π_old/μ, tis_clip_low, tis_clip).
+        use_icepop / icepop_low / icepop_high: drop tokens whose π_old/μ leaves
+            [icepop_low, icepop_high] (defaults 0.5 / 5.0 as in the IcePop write-up).
+        mis_level / mis_mode / mis_threshold_low / mis_threshold_high: sequence-level IS
+            weight (product "sequence" or geometric mean "geometric" of token ratios), either
+            truncated above, clipped to both bounds or masked outside them. None disables.
+        use_decoupled_ppo / decoupled_behave_cap: AReaL's decoupled PPO: clip against the
+            proximal policy π_old (the trainer's recompute) and weight by π_old/μ; tokens
+            whose weight exceeds the cap are dropped (None = no cap).
+
+    Advantages
+        kl_coef: weight of the per-token KL(π_old || π_ref) reward penalty of the REINFORCE++
+            estimators (slime's --kl-coef; unrelated to kl_loss_coef).
+        gamma: discount of REINFORCE++ returns.
+        normalize_advantages: whiten scalar-estimator advantages over all masked tokens of the
+            batch (REINFORCE++ variants are always whitened).
+    """
+
+    loss_type: str = "policy_loss"
+    advantage_estimator: str = "grpo"
+    policy_loss: str = "ppo"
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    eps_clip_c: float | None = None
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    loss_agg: str = "token_mean"
+    use_tis: bool = False
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    use_icepop: bool = False
+    icepop_low: float = 0.5
+    icepop_high: float = 5.0
+    mis_level: str | None = None
+    mis_mode: str = "truncate"
+    mis_threshold_low: float = 0.5
+    mis_threshold_high: float = 2.0
+    use_decoupled_ppo: bool = False
+    decoupled_behave_cap: float | None = None
+    kl_coef: float = 0.0
+    gamma: float = 1.0
+    normalize_advantages: bool = False
+
+    @property
+    def clip_high(self) -> float:
+        """The effective upper clip range (eps_clip_high, or eps_clip when unset)."""
+        return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
+
+    def validate(self) -> "LossSpec":
+        """Raise ValueError naming the offending field; return self so calls can chain."""
+        _one_of("loss_type", self.loss_type, LOSS_TYPES)
+        _one_of("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS)
+        _one_of("policy_loss", self.policy_loss, POLICY_LOSSES)
+        _one_of("kl_loss_type", self.kl_loss_type, KL_LOSS_TYPES)
+        _one_of("loss_agg", self.loss_agg, LOSS_AGGREGATIONS)
+        _one_of("mis_level", self.mis_level, MIS_LEVELS)
+        _one_of("mis_mode", self.mis_mode, MIS_MODES)
+        if self.eps_clip < 0:
+            raise ValueError(f"eps_clip must be >= 0, got {self.eps_clip}")
+        if self.eps_clip_high is not None and self.eps_clip_high < 0:
+            raise ValueError(f"eps_clip_high must be >= 0, got {self.eps_clip_high}")
+        if self.eps_clip_c is not None and self.eps_clip_c <= 1.0:
+            raise ValueError(
+                f"eps_clip_c (dual-clip constant) must be > 1, got {self.eps_clip_c}"
+            )
+        if self.kl_loss_coef < 0:
+            raise ValueError(f"kl_loss_coef must be >= 0, got {self.kl_loss_coef}")
+        if self.use_kl_loss and self.kl_loss_coef == 0:
+            raise ValueError("use_kl_loss is set but kl_loss_coef is 0; set kl_loss_coef > 0")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
+        if self.tis_clip_low < 0 or self.tis_clip < self.tis_clip_low:
+            raise ValueError(
+                f"tis_clip ({self.tis_clip}) must be >= tis_clip_low ({self.tis_clip_low}) >= 0"
+            )
+        if self.icepop_low < 0 or self.icepop_high < self.icepop_low:
+            raise ValueError(
+                f"icepop_high ({self.icepop_high}) must be >= icepop_low ({self.icepop_low}) >= 0"
+            )
+        if self.mis_threshold_low < 0 or self.mis_threshold_high < self.mis_threshold_low:
+            raise ValueError(
+                f"mis_threshold_high ({self.mis_threshold_high}) must be >= "
+                f"mis_threshold_low ({self.mis_threshold_low}) >= 0"
+            )
+        if self.decoupled_behave_cap is not None and self.decoupled_behave_cap <= 0:
+            raise ValueError(
+                f"decoupled_behave_cap must be > 0 or None, got {self.decoupled_behave_cap}"
+            )
+        # Two corrections of the same π_old/μ ratio would apply it twice.
+        if self.use_tis and self.mis_level is not None:
+            raise ValueError("use_tis and mis_level both reweight π_old/μ; enable only one")
+        if self.use_decoupled_ppo and (self.use_tis or self.mis_level is not None):
+            raise ValueError(
+                "use_decoupled_ppo already weights by π_old/μ; disable use_tis and mis_level"
+            )
+        if self.use_decoupled_ppo and self.policy_loss != "ppo":
+            raise ValueError(
+                f"use_decoupled_ppo requires policy_loss='ppo', got {self.policy_loss!r}"
+            )
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        return self
+
+
+def _one_of(field_name: str, value: object, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field_name}={value!r} is not one of {list(allowed)}")

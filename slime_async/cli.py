@@ -1,0 +1,85 @@
+"""The ``slime-async`` command.
+
+``train`` runs the RL job; ``serve-engine``, ``convert`` and ``init-tiny-model`` hand their
+arguments to the module that owns them, so each keeps its own ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from slime_async.config.flags import ConfigError
+
+
+def _serve_engine(argv: list[str]) -> int:
+    from actors.engine.cpu.server import main
+
+    return main(argv)
+
+
+def _convert(argv: list[str]) -> int:
+    from actors.trainer.convert import main
+
+    return main(argv)
+
+
+def _init_tiny_model(argv: list[str]) -> int:
+    from slime_async.tiny_model import main
+
+    return main(argv)
+
+
+def _train(argv: list[str]) -> int:
+    from slime_async.config.run import parse_run_config
+    from slime_async.train_command import run_train
+
+    try:
+        config = parse_run_config(argv)
+    except ConfigError as error:
+        print(f"slime-async train: error: {error}", file=sys.stderr)
+        return 2
+    return run_train(config)
+
+
+COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "train": (_train, "run RL training (sync, one-step-off or fully-async)"),
+    "serve-engine": (_serve_engine, "serve the embedded CPU engine (SGLang's HTTP API) for an HF model dir"),
+    "convert": (_convert, "convert checkpoints: hf-to-megatron, megatron-to-hf"),
+    "init-tiny-model": (_init_tiny_model, "write a random-init tiny HF model and a locally trained tokenizer"),
+}
+
+
+def top_level_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slime-async",
+        description="Fully-async RL post-training for LLMs: Megatron-core trainer ranks and SGLang "
+        "(or embedded CPU) engines in one supervised asyncio process tree.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "`slime-async train --help` lists every flag, grouped by section:\n"
+            "  cluster, rollout, algorithm, buffer, train, trainer, engine, router, monitor, checkpoint,\n"
+            "  megatron-core TransformerConfig / OptimizerConfig / DistributedDataParallelConfig (pass-through),\n"
+            "  SGLang ServerArgs (pass-through as --sglang-<field>)."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        top_level_parser().print_help()
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        top_level_parser().error(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}")
+    return COMMANDS[command][0](rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Config sections owned by the runtime itself (the others live beside their actors)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class ClusterConfig:
+    run_dir: str = field(default="", metadata=_help("run directory for logs, config.yaml, checkpoints; "
+                                                     "default runs/<date-time>"))
+    seed: int = field(default=1234, metadata=_help("global seed (data order, sampling, init)"))
+    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_help(
+        "where the trainer and owned engines run; auto = cuda when a GPU is visible"))
+    event_loop: Literal["auto", "uvloop", "asyncio"] = field(default="auto", metadata=_help(
+        "asyncio event loop; auto = uvloop when installed"))
+    log_level: Literal["debug", "info", "warning", "error"] = field(default="info", metadata=_help("console log level"))
+    supervisor_max_restarts: int = field(default=3, metadata=_help(
+        "restarts a supervisor allows within --supervisor-max-seconds before it stops the run"))
+    supervisor_max_seconds: float = field(default=60.0, metadata=_help("the window of --supervisor-max-restarts"))
+
+    def validate(self) -> None:
+        if self.supervisor_max_restarts < 0:
+            raise ValueError("--supervisor-max-restarts must be >= 0")
+        if self.supervisor_max_seconds <= 0:
+            raise ValueError("--supervisor-max-seconds must be > 0")
+
+
+@dataclass
+class CheckpointConfig:
+    save: str | None = field(default=None, metadata=_help(
+        "directory for run checkpoints (model, optimizer, data cursor, buffer, partial rollouts)"))
+    load: str | None = field(default=None, metadata=_help("resume from this checkpoint directory"))
+    save_interval: int | None = field(default=None, metadata=_help("save every N training steps"))
+    save_hf: str | None = field(default=None, metadata=_help(
+        "also export HF-format weights here at each save ({step} is replaced by the step)"))
+
+    def validate(self) -> None:
+        if self.save_interval is not None and self.save_interval <= 0:
+            raise ValueError("--save-interval must be > 0")
+        if self.save_interval is not None and not self.save:
+            raise ValueError("--save-interval needs --save DIR")

@@ -1,0 +1,44 @@
+"""A small supervised program the runtime tests start as a real process.
+
+usage: tree_program.py MODE LOG_DIR
+  tree     a nested tree (a child ignoring SIGTERM, a child with a grandchild); runs until signalled
+  crash    one permanent child that keeps crashing: the supervisor gives up
+"""
+
+import asyncio
+import sys
+
+from slime_async.actor import spawn
+from slime_async.process import ProcessChild, ProcessSpec
+from slime_async.runtime import run, run_supervised
+from slime_async.supervisor import ChildSpec, Supervisor
+
+PY = sys.executable
+IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+HAS_GRANDCHILD = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"
+CRASHES = "import sys; print('something broke', flush=True); sys.exit(7)"
+
+
+def process(name: str, code: str, log_dir: str) -> ChildSpec:
+    spec = ProcessSpec(name, [PY, "-c", code], stop_timeout=1.0)
+    return ChildSpec(name, lambda: spawn(ProcessChild(spec, log_dir)))
+
+
+async def main(mode: str, log_dir: str) -> int:
+    if mode == "tree":
+        root = Supervisor("root", [
+            process("stubborn", IGNORES_SIGTERM, log_dir),
+            ChildSpec("inner", lambda: spawn(Supervisor("inner", [process("grandparent", HAS_GRANDCHILD, log_dir)]))),
+        ])
+
+        async def announce(_root: Supervisor) -> None:
+            print("READY", flush=True)
+            await asyncio.Event().wait()
+
+        return await run_supervised(root, announce)
+    root = Supervisor("root", [process("crasher", CRASHES, log_dir)], max_restarts=2, max_seconds=30)
+    return await run_supervised(root)
+
+
+if __name__ == "__main__":
+    sys.exit(run(lambda: main(sys.argv[1], sys.argv[2])))
