@@ -33,7 +33,7 @@ def _init_tiny_model(argv: list[str]) -> int:
 
 def _train(argv: list[str]) -> int:
     from slime_async.config.run import parse_run_config
-    from slime_async.train_command import run_train
+    from actors.loop.launch import run_train
 
     try:
         config = parse_run_config(argv)

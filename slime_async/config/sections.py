@@ -14,7 +14,6 @@ def _help(text: str) -> dict[str, str]:
 class ClusterConfig:
     run_dir: str = field(default="", metadata=_help("run directory for logs, config.yaml, checkpoints; "
                                                      "default runs/<date-time>"))
-    seed: int = field(default=1234, metadata=_help("global seed (data order, sampling, init)"))
     device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_help(
         "where the trainer and owned engines run; auto = cuda when a GPU is visible"))
     event_loop: Literal["auto", "uvloop", "asyncio"] = field(default="auto", metadata=_help(

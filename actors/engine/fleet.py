@@ -1,0 +1,68 @@
+"""The engines of a run: owned ones as supervised process children, external ones by URL."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from actors.engine.config import EngineConfig
+from actors.engine.external import discover_external_engine
+from actors.engine.sglang import assign_engine_gpus, sglang_process_spec
+from slime_async.actor import spawn
+from slime_async.net import free_port
+from slime_async.process import ProcessChild, ProcessSpec, http_ready
+from slime_async.supervisor import ChildSpec
+
+
+@dataclass
+class Fleet:
+    kind: str  # cpu | sglang | external
+    urls: list[str]
+    children: list[ChildSpec] = field(default_factory=list)  # empty for external engines
+
+
+def cpu_engine_spec(name: str, model_path: str, host: str, port: int, config: EngineConfig) -> ProcessSpec:
+    argv = [sys.executable, "-m", "actors.engine.cpu", "--model-path", model_path, "--host", host,
+            "--port", str(port), "--max-running-requests", str(config.cpu_engine_max_running_requests)]
+    if config.cpu_engine_threads:
+        argv += ["--num-threads", str(config.cpu_engine_threads)]
+    return ProcessSpec(name, argv, ready=http_ready(f"http://{host}:{port}/health"),
+                       ready_timeout=config.engine_start_timeout)
+
+
+async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, gpu_available: bool) -> Fleet:
+    """Decide which engines serve this run; owned ones come back as child specs to supervise."""
+    kind = config.resolved_engine_type(gpu_available, importlib.util.find_spec("sglang") is not None)
+    if kind == "external":
+        async with aiohttp.ClientSession() as session:
+            infos = [await discover_external_engine(url, session, config.engine_api_key)
+                     for url in config.rollout_external_engine_addrs]
+        return Fleet(kind, [info.url for info in infos])
+    host = config.engine_host
+    if kind == "cpu":
+        placements = [(None, 1)] * config.rollout_num_engines
+    else:
+        placements = assign_engine_gpus(config.rollout_num_gpus, config.rollout_num_gpus_per_engine)
+    fleet = Fleet(kind, [])
+    for index, (base_gpu, tp_size) in enumerate(placements):
+        port = config.engine_base_port + index if config.engine_base_port else free_port(host)
+        name = f"engine-{index}"
+        if kind == "cpu":
+            spec = cpu_engine_spec(name, model_path, host, port, config)
+        else:
+            spec = sglang_process_spec(name, model_path, host=host, port=port, tp_size=tp_size, base_gpu_id=base_gpu,
+                                       passthrough=config.sglang, ready_timeout=config.engine_start_timeout)
+        fleet.urls.append(f"http://{host}:{port}")
+        fleet.children.append(ChildSpec(name, _starter(spec, log_dir)))
+    return fleet
+
+
+def _starter(spec: ProcessSpec, log_dir: Path):
+    async def start():
+        return await spawn(ProcessChild(spec, log_dir))
+
+    return start

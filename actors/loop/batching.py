@@ -1,0 +1,82 @@
+"""From buffered groups to a trainer batch: advantages, off-policy masks, staleness metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from policies.advantages import compute_advantages
+from policies.loss_spec import LossSpec
+from policies.staleness import offpolicy_token_mask, staleness
+from slime_async.batch import Batch, batch_from_samples
+from slime_async.sample import Sample
+
+
+def _pad(rows: Sequence[Sequence[float]], width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def build_train_batch(
+    groups: Sequence[Sequence[Sample]],
+    spec: LossSpec,
+    *,
+    train_version: int,
+    temperature: float,
+    max_staleness: int | None = None,
+    mask_offpolicy: bool = False,
+    ref_logprobs: Sequence[Sequence[float]] | None = None,
+) -> tuple[Batch, dict[str, float]]:
+    """The trainer batch for ``groups`` and the ``rollout/staleness_*`` metrics.
+
+    With ``mask_offpolicy`` (``--mask-offpolicy-in-partial-rollout``), tokens generated more
+    than ``max_staleness`` versions before ``train_version`` get loss_mask 0 — the older part of
+    a resumed partial rollout.
+    """
+    samples = [sample for group in groups for sample in group]
+    width = max((s.response_length for s in samples), default=0)
+    loss_mask = _pad([s.loss_mask for s in samples], width)
+    if mask_offpolicy and max_staleness is not None:
+        versions = _pad([s.token_versions for s in samples], width, torch.long)
+        loss_mask = loss_mask * offpolicy_token_mask(versions, train_version, max_staleness).float()
+    rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
+    group_ids = torch.tensor([s.group_index for s in samples])
+    kl = None
+    if ref_logprobs is not None and spec.kl_coef > 0:
+        kl = _pad([s.rollout_logprobs for s in samples], width) - _pad(ref_logprobs, width)
+    advantages = compute_advantages(spec.advantage_estimator, rewards, group_ids, loss_mask, kl=kl,
+                                    kl_coef=spec.kl_coef, gamma=spec.gamma, normalize=spec.normalize_advantages)
+    masks = [[int(m) for m in loss_mask[i, : s.response_length].tolist()] for i, s in enumerate(samples)]
+    for sample, mask in zip(samples, masks):
+        sample.loss_mask = mask
+    batch = batch_from_samples(
+        samples,
+        advantages=[advantages[i, : s.response_length].tolist() for i, s in enumerate(samples)],
+        ref_logprobs=ref_logprobs,
+        temperature=temperature,
+    )
+    return batch, staleness_metrics(samples, train_version)
+
+
+def staleness_metrics(samples: Sequence[Sample], train_version: int) -> dict[str, float]:
+    values = [staleness(train_version, v) for v in (s.oldest_version() for s in samples) if v is not None]
+    if not values:
+        return {}
+    return {
+        "rollout/staleness_mean": sum(values) / len(values),
+        "rollout/staleness_max": float(max(values)),
+        "rollout/offpolicy_token_frac": _offpolicy_fraction(samples, train_version),
+    }
+
+
+def _offpolicy_fraction(samples: Sequence[Sample], train_version: int) -> float:
+    total = stale = 0
+    for sample in samples:
+        for version, mask in zip(sample.token_versions, sample.loss_mask):
+            if mask:
+                total += 1
+                stale += version < train_version
+    return stale / total if total else 0.0

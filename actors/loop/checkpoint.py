@@ -1,0 +1,68 @@
+"""Run checkpoints: the trainer's Megatron checkpoint plus everything else a resume needs.
+
+``<save>/step_<N>/trainer/`` holds model, optimizer, LR schedule and RNG (Megatron distributed
+checkpoint); ``run_state.json`` holds the step, the policy version, the data cursor, prompts
+whose groups were in flight, and the buffer's groups, so a resumed run neither skips nor
+repeats a prompt. ``<save>/latest`` names the newest complete step directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from slime_async.actor import ActorRef
+from slime_async.config.sections import CheckpointConfig
+
+STATE_FILE = "run_state.json"
+
+
+class RunCheckpointer:
+    def __init__(self, config: CheckpointConfig, *, trainer: ActorRef | None, rollout: ActorRef, buffer: ActorRef):
+        self.config = config
+        self.trainer = trainer
+        self.rollout = rollout
+        self.buffer = buffer
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.config.save)
+
+    def due(self, step: int) -> bool:
+        interval = self.config.save_interval
+        return self.enabled and interval is not None and step % interval == 0
+
+    async def save(self, step: int, version: int) -> Path:
+        root = Path(self.config.save)
+        directory = root / f"step_{step:06d}"
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.trainer is not None:
+            await self.trainer.ask("save", str(directory / "trainer"), timeout=None)
+            if self.config.save_hf:
+                await self.trainer.ask("export_hf", self.config.save_hf.format(step=step), timeout=None)
+        state = {
+            "step": step,
+            "version": version,
+            "rollout": await self.rollout.ask("state_dict"),
+            "buffer": await self.buffer.ask("state_dict"),
+        }
+        (directory / STATE_FILE).write_bytes(orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY))
+        # Written last: a crash mid-save leaves the previous checkpoint as the latest.
+        (root / "latest").write_text(directory.name)
+        return directory
+
+    async def load(self, path: str) -> tuple[int, int]:
+        """Restore from a step directory or a save root (its latest); returns (step, version)."""
+        directory = Path(path)
+        if (directory / "latest").is_file():
+            directory = directory / (directory / "latest").read_text().strip()
+        state_file = directory / STATE_FILE
+        if not state_file.is_file():
+            raise FileNotFoundError(f"--load {path}: no {STATE_FILE} in {directory}")
+        state = orjson.loads(state_file.read_bytes())
+        if self.trainer is not None:
+            await self.trainer.ask("load", str(directory / "trainer"), timeout=None)
+        await self.rollout.ask("load_state_dict", state["rollout"])
+        await self.buffer.ask("load_state_dict", state["buffer"])
+        return int(state["step"]), int(state["version"])

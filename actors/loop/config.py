@@ -1,0 +1,40 @@
+"""The train section: how generation and training interleave, and how weights reach engines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+TrainMode = Literal["sync", "one-step-off", "fully-async"]
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class LoopConfig:
+    train_mode: TrainMode = field(default="sync", metadata=_help(
+        "sync: generate, train, sync weights; one-step-off: generate step N+1 while training N; "
+        "fully-async: rollout never waits for training, bounded by --max-staleness"))
+    update_weights_interval: int = field(default=1, metadata=_help("sync weights to engines every N training steps"))
+    update_weight_transport: Literal["disk", "distributed"] = field(default="disk", metadata=_help(
+        "disk: the trainer writes an HF checkpoint every engine loads; distributed: trainer rank 0 "
+        "broadcasts buckets (gloo to CPU engines, NCCL to GPU engines)"))
+    weight_update_mode: Literal["abort", "pause"] = field(default="abort", metadata=_help(
+        "around a weight update, abort in-flight requests (they resume later from their partial "
+        "tokens) or pause the engines in place"))
+    weight_update_timeout: float = field(default=300.0, metadata=_help("seconds an engine may take to load new weights"))
+    debug_rollout_only: bool = field(default=False, metadata=_help("generate and score, never train"))
+    debug_train_only: bool = field(default=False, metadata=_help("train on rollouts replayed from --load-debug-rollout-data"))
+    save_debug_rollout_data: str | None = field(default=None, metadata=_help(
+        "dump every training batch of samples here (JSONL per step) for --debug-train-only"))
+    load_debug_rollout_data: str | None = field(default=None, metadata=_help("replay rollouts dumped by --save-debug-rollout-data"))
+
+    def validate(self) -> None:
+        if self.update_weights_interval <= 0:
+            raise ValueError(f"--update-weights-interval must be > 0, got {self.update_weights_interval}")
+        if self.debug_rollout_only and self.debug_train_only:
+            raise ValueError("--debug-rollout-only and --debug-train-only exclude each other")
+        if self.debug_train_only and not self.load_debug_rollout_data:
+            raise ValueError("--debug-train-only needs --load-debug-rollout-data DIR")

@@ -1,0 +1,134 @@
+"""``slime-async train``: build the supervision tree for a run, then run the RL loop in it.
+
+    slime-async (root, one_for_one, no restarts: a failure here ends the run with its reason)
+    ├── engines (supervisor, one_for_one, --supervisor-max-restarts): engine-0 … engine-N
+    ├── router ── monitor ── buffer
+    ├── trainer (torchrun group of Megatron ranks, driven over torch.distributed.rpc)
+    └── rollout (producer of scored groups)
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+from actors.buffer import BufferActor
+from actors.engine.fleet import build_fleet
+from actors.loop.checkpoint import RunCheckpointer
+from actors.loop.run import Handles, train_loop
+from actors.loop.sft import sft_loop
+from actors.loop.weight_sync import WeightSync
+from actors.monitor import MonitorActor
+from actors.rollout.actor import RolloutActor
+from actors.rollout.data import PromptDataset
+from actors.router.actor import RouterActor
+from actors.trainer.actor import TrainerActor
+from slime_async.actor import spawn
+from slime_async.config.loader import dump_config, print_config
+from slime_async.config.run import RunConfig
+from slime_async.runtime import run, run_supervised
+from slime_async.supervisor import ChildSpec, Supervisor
+
+log = logging.getLogger("slime_async")
+
+
+def run_train(config: RunConfig) -> int:
+    run_dir = Path(config.cluster.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=config.cluster.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print_config(config)
+    dump_config(config, run_dir / "config.yaml")
+    loop_kind = config.cluster.event_loop
+    return run(lambda: _main(config, run_dir), use_uvloop=None if loop_kind == "auto" else loop_kind == "uvloop")
+
+
+def _load_tokenizer(config: RunConfig):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(config.trainer.hf_checkpoint)
+
+
+def _dataset(config: RunConfig, path: str, tokenizer, *, shuffle: bool, num_epoch: int) -> PromptDataset:
+    r = config.rollout
+    return PromptDataset(path, tokenizer=tokenizer, input_key=r.input_key, label_key=r.label_key,
+                         metadata_key=r.metadata_key, apply_chat_template=r.apply_chat_template,
+                         shuffle=shuffle, seed=r.rollout_seed, num_epoch=num_epoch)
+
+
+async def _main(config: RunConfig, run_dir: Path) -> int:
+    import torch
+
+    tokenizer = _load_tokenizer(config)
+    r = config.rollout
+    dataset = _dataset(config, r.prompt_data, tokenizer, shuffle=r.rollout_shuffle, num_epoch=r.num_epoch)
+    eval_dataset = (_dataset(config, r.eval_prompt_data, tokenizer, shuffle=False, num_epoch=1)
+                    if r.eval_prompt_data else None)
+    total_steps = r.num_rollout or max(1, (len(dataset) * r.num_epoch) // r.rollout_batch_size)
+    logs = run_dir / "logs"
+    if config.algorithm.loss_type == "sft":
+        return await _sft_main(config, run_dir, dataset, tokenizer, total_steps)
+    fleet = await build_fleet(config.engine, config.trainer.hf_checkpoint, logs,
+                              gpu_available=torch.cuda.is_available())
+    log.info("engines (%s): %s", fleet.kind, ", ".join(fleet.urls))
+
+    def child(name: str):
+        return root.child(name)
+
+    specs = [
+        ChildSpec("engines", lambda: spawn(Supervisor(
+            "engines", fleet.children, max_restarts=config.cluster.supervisor_max_restarts,
+            max_seconds=config.cluster.supervisor_max_seconds))),
+        ChildSpec("router", lambda: spawn(RouterActor(config.router, fleet.urls, api_key=config.engine.engine_api_key))),
+        ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps))),
+        ChildSpec("buffer", lambda: spawn(BufferActor(config.buffer, groups_per_step=r.rollout_batch_size,
+                                                      max_staleness=config.max_staleness))),
+    ]
+    if not config.train.debug_rollout_only:
+        specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, logs))))
+    specs.append(ChildSpec("rollout", lambda: spawn(RolloutActor(
+        r, router=child("router"), buffer=child("buffer"), dataset=dataset, tokenizer=tokenizer,
+        request_timeout=config.engine.engine_request_timeout))))
+    root = Supervisor("slime-async", specs, max_restarts=0, max_seconds=1)
+
+    async def main(_root: Supervisor) -> int:
+        trainer = None if config.train.debug_rollout_only else child("trainer")
+        checkpointer = RunCheckpointer(config.checkpoint, trainer=trainer, rollout=child("rollout"),
+                                       buffer=child("buffer"))
+        sync = None
+        if trainer is not None:
+            sync = WeightSync(trainer, child("router"), config.train.update_weight_transport,
+                              config.train.weight_update_mode, run_dir / "weights", api_key=config.engine.engine_api_key,
+                              timeout=config.train.weight_update_timeout)
+        start_step = start_version = 0
+        if config.checkpoint.load:
+            start_step, start_version = await checkpointer.load(config.checkpoint.load)
+            if sync is not None and start_version > 0:
+                await sync(start_version)  # engines start from the HF checkpoint: give them the resumed weights
+            await child("buffer").ask("set_version", start_version)
+        handles = Handles(rollout=child("rollout"), buffer=child("buffer"), trainer=trainer, router=child("router"),
+                          monitor=child("monitor"), weight_sync=sync, checkpointer=checkpointer,
+                          eval_dataset=eval_dataset, total_steps=total_steps, start_step=start_step,
+                          start_version=start_version)
+        code = await train_loop(config, handles)
+        print(f"run finished: {run_dir}", file=sys.stderr)
+        return code
+
+    return await run_supervised(root, main)
+
+
+
+async def _sft_main(config: RunConfig, run_dir: Path, dataset, tokenizer, total_steps: int) -> int:
+    """The warm start: trainer and monitor only, no engines."""
+    root = Supervisor("slime-async-sft", [
+        ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps))),
+        ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, run_dir / "logs"))),
+    ], max_restarts=0, max_seconds=1)
+
+    async def main(_root: Supervisor) -> int:
+        return await sft_loop(trainer=root.child("trainer"), monitor=root.child("monitor"), dataset=dataset,
+                              tokenizer=tokenizer, spec=config.algorithm, batch_size=config.rollout.rollout_batch_size,
+                              total_steps=total_steps, save_hf=config.checkpoint.save_hf)
+
+    return await run_supervised(root, main)

@@ -1,0 +1,101 @@
+"""The RL loop, in one screen: take groups from the buffer, train, sync weights, log, evaluate.
+
+The same loop serves every mode; the buffer's admission bound sets the pace of generation
+(sync = 0 steps stale, one-step-off = 1, fully-async = --max-staleness), so the rollout side
+never needs to know which mode runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from actors.loop.batching import build_train_batch
+from actors.loop.checkpoint import RunCheckpointer
+from actors.loop.weight_sync import WeightSync
+from slime_async.actor import ActorRef
+from slime_async.config.run import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Handles:
+    """The running actors the loop talks to."""
+
+    rollout: ActorRef
+    buffer: ActorRef
+    trainer: ActorRef | None
+    router: ActorRef
+    monitor: ActorRef
+    weight_sync: WeightSync | None
+    checkpointer: RunCheckpointer | None
+    eval_dataset: Any | None
+    total_steps: int
+    start_step: int = 0
+    start_version: int = 0
+
+
+async def train_loop(config: RunConfig, h: Handles) -> int:
+    step, version = h.start_step, h.start_version
+    spec, rollout_cfg = config.algorithm, config.rollout
+    evaluations: dict[int, asyncio.Task] = {}  # step -> evaluation (concurrent with training)
+    if h.eval_dataset is not None:
+        evaluations[step] = asyncio.ensure_future(_evaluate(h, step))
+    h.rollout.tell("start")
+    while step < h.total_steps:
+        started = time.monotonic()
+        groups = await _next_groups(h, rollout_cfg.rollout_batch_size, version)
+        if groups is None:
+            log.warning("prompt data ran out after %d of %d steps", step, h.total_steps)
+            break
+        batch, metrics = build_train_batch(
+            groups, spec, train_version=version, temperature=rollout_cfg.rollout_temperature or 1.0,
+            max_staleness=config.max_staleness, mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout)
+        if h.trainer is not None:
+            train_metrics = await h.trainer.ask("train_step", batch, spec,
+                                                max_response_len=rollout_cfg.rollout_max_response_len, timeout=None)
+            metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+        step += 1
+        if h.weight_sync is not None and step % config.train.update_weights_interval == 0:
+            version += 1
+            metrics["perf/weight_sync_time"] = await h.weight_sync(version)
+            await h.buffer.ask("set_version", version)
+        metrics["perf/step_time"] = time.monotonic() - started
+        metrics["train/version"] = float(version)
+        metrics.update(await h.rollout.ask("metrics"))
+        metrics.update(await h.buffer.ask("metrics"))
+        metrics.update(await h.router.ask("metrics"))
+        h.monitor.tell("log", step, metrics)
+        if h.eval_dataset is not None and config.rollout.eval_interval and step % config.rollout.eval_interval == 0:
+            evaluations[step] = asyncio.ensure_future(_evaluate(h, step))
+        if h.checkpointer is not None and h.checkpointer.due(step):
+            await h.checkpointer.save(step, version)
+    if h.eval_dataset is not None and step not in evaluations:
+        evaluations[step] = asyncio.ensure_future(_evaluate(h, step))
+    await asyncio.gather(*evaluations.values())
+    if h.checkpointer is not None and h.checkpointer.enabled:
+        await h.checkpointer.save(step, version)
+    await h.monitor.ask("flush")
+    return 0
+
+
+async def _next_groups(h: Handles, n_groups: int, version: int) -> list | None:
+    """The next step's groups, or None once the rollout has run out of prompts for good."""
+    get = asyncio.ensure_future(h.buffer.ask("get", n_groups, version, timeout=None))
+    while True:
+        done, _ = await asyncio.wait([get], timeout=2.0)
+        if done:
+            return get.result()
+        if await h.rollout.ask("idle") and await h.buffer.ask("available") < n_groups:
+            get.cancel()
+            return None
+
+
+async def _evaluate(h: Handles, step: int) -> None:
+    metrics = await h.rollout.ask("evaluate", h.eval_dataset, timeout=None)
+    log.info("eval at step %d: reward %.3f", step, metrics.get("eval/reward_mean", float("nan")))
+    h.monitor.tell("log", step, metrics)

@@ -1,0 +1,49 @@
+"""Supervised fine-tuning with the same trainer (``--loss-type sft``): a warm start before RL.
+
+Each prompt row's label is the target response: prompt ids + label ids + EOS, loss on the
+label part only. No engines are involved; the result is exported with ``--save-hf``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from policies.loss_spec import LossSpec
+from slime_async.actor import ActorRef
+from slime_async.batch import batch_from_samples
+from slime_async.sample import Sample, Status
+
+
+def sft_sample(prompt: Any, tokenizer: Any, index: int) -> Sample:
+    target = tokenizer(str(prompt.label), add_special_tokens=False)["input_ids"]
+    if tokenizer.eos_token_id is not None:
+        target = target + [tokenizer.eos_token_id]
+    sample = Sample(group_index=index, index=0, prompt=prompt.prompt, tokens=list(prompt.prompt_ids), label=prompt.label)
+    sample.append_generated(target, [0.0] * len(target), version=0)
+    sample.status = Status.COMPLETED
+    return sample
+
+
+async def sft_loop(*, trainer: ActorRef, monitor: ActorRef, dataset: Any, tokenizer: Any, spec: LossSpec,
+                   batch_size: int, total_steps: int, save_hf: str | None) -> int:
+    index = 0
+    for step in range(1, total_steps + 1):
+        started = time.monotonic()
+        samples = []
+        while len(samples) < batch_size:
+            prompt = dataset.next_prompt()
+            if prompt is None:
+                break
+            samples.append(sft_sample(prompt, tokenizer, index))
+            index += 1
+        if not samples:
+            break
+        batch = batch_from_samples(samples)
+        metrics = await trainer.ask("train_step", batch, spec, timeout=None)
+        monitor.tell("log", step, {**{f"train/{k}": v for k, v in metrics.items()},
+                                   "perf/step_time": time.monotonic() - started})
+    if save_hf:
+        await trainer.ask("export_hf", save_hf, timeout=None)
+    await monitor.ask("flush")
+    return 0

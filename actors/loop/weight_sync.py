@@ -1,0 +1,100 @@
+"""One weight sync: quiesce the engines, move the trainer's weights to them, confirm, resume.
+
+Order matters: the router stops dispatching first (aborting or draining what runs), so no
+request reaches an engine between the pause and the confirmation that it serves the new
+version; aborted requests come back to the rollout with their partial tokens and wait in the
+router, to resume on the new weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from actors.trainer.actor import update_engine_weights
+from actors.trainer.protocol import WeightGroupSpec
+from slime_async.actor import ActorRef
+from slime_async.engine_client import EngineClient
+from slime_async.net import free_port
+
+log = logging.getLogger(__name__)
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+@dataclass
+class WeightSync:
+    trainer: ActorRef
+    router: ActorRef
+    transport: str  # disk | distributed
+    mode: str  # abort | pause
+    weights_dir: Path
+    api_key: str | None = None
+    timeout: float | None = 300.0
+    keep_exports: int = 2
+
+    async def __call__(self, version: int) -> float:
+        """Bring every engine to ``version``; returns the seconds it took."""
+        started = time.monotonic()
+        await self.router.ask("pause", "abort" if self.mode == "abort" else "drain", timeout=self.timeout)
+        urls = [engine["url"] for engine in await self.router.ask("engines") if engine["health"] != "down"]
+        async with aiohttp.ClientSession() as session:
+            clients = [EngineClient(url, session=session, api_key=self.api_key) for url in urls]
+            if self.transport == "disk":
+                await self._via_disk(clients, version)
+            else:
+                await self._via_broadcast(clients, version)
+        states = await self.router.ask("resume", str(version), timeout=self.timeout)
+        behind = {url: state for url, state in states.items() if state != "up"}
+        if behind:
+            log.error("weight sync v%d: engines not serving the new version: %s", version, behind)
+        return time.monotonic() - started
+
+    async def _via_disk(self, clients: list[EngineClient], version: int) -> None:
+        path = self.weights_dir / f"v{version}"
+        await self.trainer.ask("export_hf", str(path), timeout=self.timeout)
+        results = await asyncio.gather(
+            *(c.update_weights_from_disk(str(path), weight_version=str(version), timeout=self.timeout) for c in clients),
+            return_exceptions=True)
+        self._check(clients, results)
+        self._prune(version)
+
+    async def _via_broadcast(self, clients: list[EngineClient], version: int) -> None:
+        spec = WeightGroupSpec(master_address="127.0.0.1", master_port=free_port(), world_size=1 + len(clients),
+                               group_name=f"weights-v{version}", backend="gloo" if not _cuda() else "nccl")
+        await update_engine_weights(self.trainer, clients, spec, weight_version=str(version), timeout=self.timeout)
+        await asyncio.gather(*(c.flush_cache() for c in clients), return_exceptions=True)
+
+    @staticmethod
+    def _check(clients: list[EngineClient], results: list[object]) -> None:
+        failures = []
+        for client, result in zip(clients, results):
+            if isinstance(result, BaseException):
+                failures.append(f"{client.url}: {result}")
+            elif isinstance(result, dict) and not result.get("success", True):
+                failures.append(f"{client.url}: {result.get('message')}")
+        if failures:
+            # The router's resume() keeps such engines out as stale; the run goes on without them.
+            log.error("weight update failed on %d engine(s): %s", len(failures), "; ".join(failures))
+
+    def _prune(self, version: int) -> None:
+        for old in self.weights_dir.glob("v*"):
+            try:
+                if int(old.name[1:]) <= version - self.keep_exports:
+                    shutil.rmtree(old, ignore_errors=True)
+            except ValueError:
+                continue
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,254 @@
+"""RolloutActor: turns prompts into scored groups of samples and hands them to the buffer.
+
+A producer task asks the buffer to ``reserve`` a slot before it starts each prompt group; the
+buffer answers only when one more group keeps the staleness bound and fits its capacity, which
+is all the pacing the three training modes need (sync = bound 0, one-step-off = 1, fully-async
+= ``--max-staleness``). Each group's samples are generated concurrently (at most
+``--rollout-concurrency`` in flight), scored, filtered by the dynamic-sampling hook, then
+``put`` into the buffer — or the reservation is cancelled and the drop counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.rollout.config import RolloutConfig
+from actors.rollout.generate import GenerateContext, default_generate
+from actors.rollout.hooks import load_function
+from actors.rollout.rewards import RewardScorer
+from policies.sampling_filters import BUILTIN_FILTERS
+from slime_async.actor import Actor, ActorRef
+from slime_async.sample import Sample, Status
+
+log = logging.getLogger(__name__)
+
+MAX_GROUP_ATTEMPTS = 3  # a prompt whose generation keeps failing (engine errors) is dropped after this
+
+
+@dataclass
+class _Window:
+    """Rollout statistics since the last ``metrics()`` call."""
+
+    rewards: list[float] = field(default_factory=list)
+    response_lengths: list[int] = field(default_factory=list)
+    truncated: int = 0
+    resumed: int = 0
+    tokens: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class RolloutActor(Actor):
+    name = "rollout"
+
+    def __init__(self, config: RolloutConfig, *, router: ActorRef, buffer: ActorRef, dataset: Any,
+                 tokenizer: Any, request_timeout: float | None = None, name: str | None = None):
+        super().__init__(name)
+        self.config = config
+        self.buffer = buffer
+        self.dataset = dataset
+        self.ctx = GenerateContext(router, tokenizer, config, request_timeout)
+        self.scorer = RewardScorer(config, self.ctx)
+        self.generate_fn = default_generate
+        if config.custom_generate_function_path:
+            self.generate_fn = load_function(config.custom_generate_function_path, "--custom-generate-function-path")
+        self.group_fn = None
+        if config.rollout_function_path:
+            self.group_fn = load_function(config.rollout_function_path, "--rollout-function-path")
+        self.keep_group = None
+        if config.dynamic_sampling_filter_path:
+            path = config.dynamic_sampling_filter_path
+            self.keep_group = BUILTIN_FILTERS.get(path) or load_function(path, "--dynamic-sampling-filter-path")
+        self._slots = asyncio.Semaphore(config.rollout_concurrency)
+        self._counters: Counter[str] = Counter()
+        self._window = _Window()
+        self._next_group_index = 0
+        self._retry: list[tuple[Any, int]] = []  # (prompt, attempts) of groups that hit engine errors
+        self._in_flight_prompts: dict[int, Any] = {}  # group index -> prompt, for checkpoints
+        self._producer: asyncio.Task | None = None
+        self.exhausted = False
+
+    # ----- handlers ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start producing groups (idempotent)."""
+        if self._producer is None:
+            self._producer = self.spawn(self._produce(), name="rollout:producer")
+
+    def idle(self) -> bool:
+        """True once the prompts are exhausted and no group is being generated."""
+        return self.exhausted and not self._in_flight_prompts and not self._retry
+
+    def sampling_params(self, *, evaluation: bool = False) -> dict[str, Any]:
+        config = self.config
+        params: dict[str, Any] = {
+            "temperature": config.eval_temperature if evaluation else config.rollout_temperature,
+            "top_p": 1.0 if evaluation else config.rollout_top_p,
+            "top_k": -1 if evaluation else config.rollout_top_k,
+            "max_new_tokens": (config.eval_max_response_len or config.rollout_max_response_len) if evaluation
+            else config.rollout_max_response_len,
+        }
+        if config.rollout_stop_token_ids:
+            params["stop_token_ids"] = list(config.rollout_stop_token_ids)
+        return params
+
+    def metrics(self) -> dict[str, float]:
+        """``rollout/*`` scalars since the last call."""
+        window, self._window = self._window, _Window()
+        elapsed = max(time.monotonic() - window.started, 1e-9)
+        n = len(window.response_lengths)
+        out = {
+            "rollout/bad_rows": float(getattr(self.dataset, "bad_rows", 0)),
+            "rollout/reward_errors": float(self.scorer.errors),
+            "rollout/generation_errors": float(self._counters["generation_errors"]),
+            "rollout/groups_filtered": float(self._counters["groups_filtered"]),
+            "rollout/groups_failed": float(self._counters["groups_failed"]),
+            "rollout/samples_resumed": float(window.resumed),
+            "rollout/tokens": float(window.tokens),
+            "perf/rollout_tokens_per_s": window.tokens / elapsed,
+        }
+        if n:
+            out["rollout/reward_mean"] = sum(window.rewards) / n
+            out["rollout/response_len_mean"] = sum(window.response_lengths) / n
+            out["rollout/truncated_ratio"] = window.truncated / n
+        return out
+
+    def evaluate(self, dataset: Any) -> Any:
+        """Score every prompt of ``dataset`` (``--eval-n-samples`` each); ``eval/*`` scalars."""
+        return self.defer(self._evaluate(dataset))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data cursor plus prompts whose groups were started but not yet in the buffer:
+        a resumed run regenerates exactly those, so no prompt is skipped or repeated."""
+        return {
+            "dataset": self.dataset.state_dict(),
+            "next_group_index": self._next_group_index,
+            "pending_prompts": [p for p in self._in_flight_prompts.values()] + [p for p, _ in self._retry],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state["dataset"])
+        self._next_group_index = state["next_group_index"]
+        self._retry = [(prompt, 0) for prompt in state.get("pending_prompts", [])]
+
+    # ----- production ----------------------------------------------------------------------------
+    async def _produce(self) -> None:
+        n = self.config.n_samples_per_prompt
+        group_slots = asyncio.Semaphore(max(1, self.config.rollout_concurrency // n))
+        while True:
+            await self.buffer.ask("reserve", timeout=None)
+            prompt, attempts = self._next_prompt()
+            while prompt is None and self._in_flight_prompts:
+                # Data is exhausted, but a group in flight may still fail and hand its prompt back.
+                await asyncio.sleep(0.2)
+                prompt, attempts = self._next_prompt()
+            if prompt is None:
+                await self.buffer.ask("cancel_reservation")
+                self.exhausted = True
+                log.info("rollout: prompt data exhausted")
+                return
+            await group_slots.acquire()
+            task = self.spawn(self._run_group(prompt, attempts), name="rollout:group")
+            task.add_done_callback(lambda _: group_slots.release())
+
+    def _next_prompt(self) -> tuple[Any, int]:
+        if self._retry:
+            return self._retry.pop(0)
+        return self.dataset.next_prompt(), 0
+
+    async def _run_group(self, prompt: Any, attempts: int) -> None:
+        group_index = self._next_group_index
+        self._next_group_index += 1
+        self._in_flight_prompts[group_index] = prompt
+        try:
+            group = await self._generate_group(prompt, group_index)
+        except Exception as error:  # noqa: BLE001 - engine errors are counted and survived
+            self._counters["generation_errors"] += 1
+            del self._in_flight_prompts[group_index]
+            if attempts + 1 < MAX_GROUP_ATTEMPTS:
+                log.warning("rollout: group %d failed (%s); retrying its prompt", group_index, error)
+                self._retry.append((prompt, attempts + 1))
+            else:
+                log.error("rollout: group %d failed %d times, dropped: %s", group_index, MAX_GROUP_ATTEMPTS, error)
+                self._counters["groups_failed"] += 1
+            await self.buffer.ask("cancel_reservation")
+            return
+        keep = await self.scorer.score_group(group)
+        if keep and self.keep_group is not None:
+            keep = bool(self.keep_group([s.reward for s in group]))
+            if not keep:
+                self._counters["groups_filtered"] += 1
+        elif not keep:
+            self._counters["groups_failed"] += 1
+        del self._in_flight_prompts[group_index]
+        if not keep:
+            await self.buffer.ask("cancel_reservation")
+            return
+        self._record(group)
+        await self.buffer.ask("put", group, timeout=None)
+
+    async def _generate_group(self, prompt: Any, group_index: int) -> list[Sample]:
+        samples = [self._new_sample(prompt, group_index, i) for i in range(self.config.n_samples_per_prompt)]
+        params = self.sampling_params()
+        if self.group_fn is not None:
+            return list(await self.group_fn(self.ctx, samples, params))
+        results = await asyncio.gather(*(self._generate_sample(sample, params) for sample in samples))
+        return [s for result in results for s in (result if isinstance(result, list) else [result])]
+
+    async def _generate_sample(self, sample: Sample, params: dict[str, Any]) -> Sample | list[Sample]:
+        async with self._slots:
+            result = self.generate_fn(self.ctx, sample, params)
+            if inspect.isawaitable(result):
+                result = await result
+        for s in result if isinstance(result, list) else [result]:
+            s.check()
+            if s.status is Status.PENDING:
+                s.status = Status.COMPLETED
+        return result
+
+    def _new_sample(self, prompt: Any, group_index: int, index: int) -> Sample:
+        return Sample(
+            group_index=group_index,
+            index=index,
+            prompt=prompt.prompt,
+            tokens=list(prompt.prompt_ids),
+            label=prompt.label,
+            # One session per group: its samples share the prompt, so one engine's prefix cache
+            # serves all of them; multi-turn hooks keep it across turns.
+            session_id=f"group-{group_index}",
+            metadata=dict(prompt.metadata or {}),
+        )
+
+    def _record(self, group: list[Sample]) -> None:
+        window = self._window
+        for sample in group:
+            window.rewards.append(sample.reward or 0.0)
+            window.response_lengths.append(sample.response_length)
+            window.truncated += sample.status is Status.TRUNCATED
+            window.resumed += bool(sample.metadata.get("resumes"))
+            window.tokens += sum(sample.loss_mask)
+
+    # ----- evaluation ------------------------------------------------------------------------------
+    async def _evaluate(self, dataset: Any) -> dict[str, float]:
+        params = self.sampling_params(evaluation=True)
+        prompts = list(dataset.all_prompts())
+        n = self.config.eval_n_samples
+
+        async def one(prompt: Any, i: int, k: int) -> Sample:
+            sample = self._new_sample(prompt, -1 - i, k)
+            sample.session_id = f"eval-{i}"
+            await self._generate_sample(sample, params)
+            await self.scorer.score_group([sample])
+            return sample
+
+        samples = await asyncio.gather(*(one(p, i, k) for i, p in enumerate(prompts) for k in range(n)))
+        rewards = [s.reward or 0.0 for s in samples]
+        return {
+            "eval/reward_mean": sum(rewards) / max(len(rewards), 1),
+            "eval/response_len_mean": sum(s.response_length for s in samples) / max(len(samples), 1),
+            "eval/samples": float(len(samples)),
+        }

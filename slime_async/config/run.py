@@ -1,0 +1,68 @@
+"""The config of a training run: one typed section per component.
+
+Each actor receives only its own section (no global ``args``). Cross-section rules that no
+single section can check live in ``RunConfig.validate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from actors.buffer import BufferConfig
+from actors.engine.config import EngineConfig
+from actors.loop.config import LoopConfig
+from actors.monitor import MonitorConfig
+from actors.rollout.config import RolloutConfig
+from actors.router.config import RouterConfig
+from actors.trainer.config import TrainerConfig
+from policies.loss_spec import LossSpec
+from slime_async.config.loader import Schema, load_config
+from slime_async.config.sections import CheckpointConfig, ClusterConfig
+
+
+@dataclass
+class RunConfig:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: LossSpec = field(default_factory=LossSpec)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def validate(self) -> None:
+        rollout, train = self.rollout, self.train
+        samples_per_step = rollout.rollout_batch_size * rollout.n_samples_per_prompt
+        gbs = self.trainer.global_batch_size
+        if gbs is not None and samples_per_step % gbs != 0:
+            raise ValueError(
+                f"--rollout-batch-size × --n-samples-per-prompt ({samples_per_step}) must be a multiple of "
+                f"--global-batch-size ({gbs})")
+        if not train.debug_train_only and not rollout.prompt_data:
+            raise ValueError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
+        if not train.debug_rollout_only and not self.trainer.hf_checkpoint:
+            raise ValueError("--hf-checkpoint is required (the HF model directory to train)")
+        if self.engine.engine_type == "external" and not self.engine.rollout_external_engine_addrs:
+            raise ValueError("--engine-type external needs --rollout-external-engine-addrs URL [URL ...]")
+        if self.buffer.max_staleness is not None and train.train_mode != "fully-async":
+            raise ValueError(f"--max-staleness applies to --train-mode fully-async, not {train.train_mode} "
+                             "(sync is staleness 0, one-step-off is 1)")
+        if self.buffer.buffer_capacity < rollout.rollout_batch_size:
+            raise ValueError(f"--buffer-capacity ({self.buffer.buffer_capacity}) must hold at least one step's "
+                             f"groups (--rollout-batch-size {rollout.rollout_batch_size})")
+
+    @property
+    def max_staleness(self) -> int | None:
+        """The staleness bound the mode implies: sync 0, one-step-off 1, fully-async the flag."""
+        return {"sync": 0, "one-step-off": 1}.get(self.train.train_mode, self.buffer.max_staleness)
+
+
+SCHEMA = Schema(RunConfig, megatron_section="trainer", sglang_section="engine")
+
+
+def parse_run_config(argv: list[str]) -> RunConfig:
+    return load_config(SCHEMA, argv, prog="slime-async train",
+                       description="RL training: rollout on SGLang / CPU engines, Megatron-core trainer ranks.")
