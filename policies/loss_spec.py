@@ -8,7 +8,8 @@ recipe translates one to one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 LOSS_TYPES = ("policy_loss", "sft")
 ADVANTAGE_ESTIMATORS = (
@@ -65,32 +66,32 @@ class LossSpec:
             batch (REINFORCE++ variants are always whitened).
     """
 
-    loss_type: str = "policy_loss"
-    advantage_estimator: str = "grpo"
-    policy_loss: str = "ppo"
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
-    eps_clip_c: float | None = None
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.0
-    kl_loss_type: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    loss_agg: str = "token_mean"
-    use_tis: bool = False
-    tis_clip: float = 2.0
-    tis_clip_low: float = 0.0
-    use_icepop: bool = False
-    icepop_low: float = 0.5
-    icepop_high: float = 5.0
-    mis_level: str | None = None
-    mis_mode: str = "truncate"
-    mis_threshold_low: float = 0.5
-    mis_threshold_high: float = 2.0
-    use_decoupled_ppo: bool = False
-    decoupled_behave_cap: float | None = None
-    kl_coef: float = 0.0
-    gamma: float = 1.0
-    normalize_advantages: bool = False
+    loss_type: Literal["policy_loss", "sft"] = field(default="policy_loss", metadata={"help": 'policy_loss (RL) or sft (negative log-likelihood of the response)'})
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gspo"] = field(default="grpo", metadata={"help": 'how rewards become advantages'})
+    policy_loss: Literal["ppo", "cispo", "gspo"] = field(default="ppo", metadata={"help": 'ppo (clipped surrogate), cispo (clipped-IS REINFORCE) or gspo (sequence ratio)'})
+    eps_clip: float = field(default=0.2, metadata={"help": 'PPO clip range: ratio >= 1 - eps_clip'})
+    eps_clip_high: float | None = field(default=None, metadata={"help": 'upper clip range (clip-higher); unset = --eps-clip'})
+    eps_clip_c: float | None = field(default=None, metadata={"help": 'dual-clip constant (> 1) for negative advantages; unset = off'})
+    use_kl_loss: bool = field(default=False, metadata={"help": 'add a KL(pi || pi_ref) loss against the frozen initial weights'})
+    kl_loss_coef: float = field(default=0.0, metadata={"help": 'weight of the KL loss'})
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = field(default="low_var_kl", metadata={"help": 'KL estimator'})
+    entropy_coef: float = field(default=0.0, metadata={"help": 'weight of the entropy bonus'})
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = field(default="token_mean", metadata={"help": 'how per-token losses are aggregated'})
+    use_tis: bool = field(default=False, metadata={"help": 'token-level truncated importance sampling pi_old/mu (train-inference mismatch)'})
+    tis_clip: float = field(default=2.0, metadata={"help": 'TIS upper clip'})
+    tis_clip_low: float = field(default=0.0, metadata={"help": 'TIS lower clip'})
+    use_icepop: bool = field(default=False, metadata={"help": 'mask tokens whose pi_old/mu leaves [icepop_low, icepop_high]'})
+    icepop_low: float = field(default=0.5, metadata={"help": 'ICE-POP lower bound'})
+    icepop_high: float = field(default=5.0, metadata={"help": 'ICE-POP upper bound'})
+    mis_level: str | None = field(default=None, metadata={"help": 'sequence-level IS weights: sequence (product) or geometric (mean); unset = off'})
+    mis_mode: Literal["truncate", "clip", "mask"] = field(default="truncate", metadata={"help": 'how sequence IS weights are bounded'})
+    mis_threshold_low: float = field(default=0.5, metadata={"help": 'MIS lower threshold'})
+    mis_threshold_high: float = field(default=2.0, metadata={"help": 'MIS upper threshold'})
+    use_decoupled_ppo: bool = field(default=False, metadata={"help": 'AReaL decoupled PPO: clip against the proximal policy, weight by proximal/behaviour'})
+    decoupled_behave_cap: float | None = field(default=None, metadata={"help": 'drop tokens whose proximal/behaviour weight exceeds this; unset = no cap'})
+    kl_coef: float = field(default=0.0, metadata={"help": 'REINFORCE++ per-token KL reward penalty'})
+    gamma: float = field(default=1.0, metadata={"help": 'REINFORCE++ discount'})
+    normalize_advantages: bool = field(default=False, metadata={"help": "whiten scalar advantages over the batch's trainable tokens"})
 
     @property
     def clip_high(self) -> float:

@@ -82,8 +82,11 @@ async def _main(config: RunConfig, run_dir: Path) -> int:
             max_seconds=config.cluster.supervisor_max_seconds))),
         ChildSpec("router", lambda: spawn(RouterActor(config.router, fleet.urls, api_key=config.engine.engine_api_key))),
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps))),
-        ChildSpec("buffer", lambda: spawn(BufferActor(config.buffer, groups_per_step=r.rollout_batch_size,
-                                                      max_staleness=config.max_staleness))),
+        # The staleness rule counts groups per *version*: a sync every N steps consumes N steps' groups.
+        ChildSpec("buffer", lambda: spawn(BufferActor(
+            config.buffer, groups_per_step=r.rollout_batch_size * config.train.update_weights_interval,
+            # Without training the policy never changes: only capacity paces a rollout-only run.
+            max_staleness=None if config.train.debug_rollout_only else config.max_staleness))),
     ]
     if not config.train.debug_rollout_only:
         specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, logs))))

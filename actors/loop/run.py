@@ -86,12 +86,14 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
 async def _next_groups(h: Handles, n_groups: int, version: int) -> list | None:
     """The next step's groups, or None once the rollout has run out of prompts for good."""
     get = asyncio.ensure_future(h.buffer.ask("get", n_groups, version, timeout=None))
+    get.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error at shutdown is expected
     while True:
         done, _ = await asyncio.wait([get], timeout=2.0)
         if done:
             return get.result()
         if await h.rollout.ask("idle") and await h.buffer.ask("available") < n_groups:
             get.cancel()
+            await h.buffer.ask("cancel_gets")  # else the buffer would hand groups to nobody
             return None
 
 

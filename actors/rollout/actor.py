@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.rollout.config import RolloutConfig
+from actors.rollout.data import Prompt
 from actors.rollout.generate import GenerateContext, default_generate
 from actors.rollout.hooks import load_function
 from actors.rollout.rewards import RewardScorer
@@ -127,13 +128,14 @@ class RolloutActor(Actor):
         return {
             "dataset": self.dataset.state_dict(),
             "next_group_index": self._next_group_index,
-            "pending_prompts": [p for p in self._in_flight_prompts.values()] + [p for p, _ in self._retry],
+            "pending_prompts": [p.to_dict() for p in self._in_flight_prompts.values()]
+            + [p.to_dict() for p, _ in self._retry],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.dataset.load_state_dict(state["dataset"])
         self._next_group_index = state["next_group_index"]
-        self._retry = [(prompt, 0) for prompt in state.get("pending_prompts", [])]
+        self._retry = [(Prompt.from_dict(prompt), 0) for prompt in state.get("pending_prompts", [])]
 
     # ----- production ----------------------------------------------------------------------------
     async def _produce(self) -> None:

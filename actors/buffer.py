@@ -1,0 +1,367 @@
+"""BufferActor: the bounded, version-aware queue of sample groups between rollout and trainer.
+
+A group is the list of samples generated from one prompt. The rollout side talks to the buffer
+in three steps per group:
+
+    await buffer.ask("reserve", timeout=None)         # admission: may this group start now?
+    ... generate and score ...
+    await buffer.ask("put", group, timeout=None)       # or ask("cancel_reservation") if dropped
+
+and the trainer side takes ``await buffer.ask("get", n_groups, train_version, timeout=None)``.
+
+Admission control (``reserve``) is what keeps fully-async training within ``--max-staleness k``:
+a reservation is granted only while one more group fits the capacity and
+``policies.staleness.may_admit`` holds for pending = reserved + buffered (+ puts waiting for
+space) — see that module for why this bounds the staleness of every group trained in
+admission order. Whatever still ends up too old is dropped when the buffer notices it (at put,
+get and set_version) and counted in ``buffer/dropped_stale``: stragglers (a group that finishes
+after groups admitted later, so it is trained later than its admission slot), steps that bump
+the version by more than one, a checkpoint restored into a newer run.
+
+Every waiting call is a deferred answer, so the mailbox keeps serving other messages; waiters
+are served FIFO by ``_pump`` after each state change. ``reserve``, ``put`` and ``get`` must be
+asked with ``timeout=None``: the buffer cannot see an asker give up, and a reservation granted
+to an asker that timed out would be held forever (for an abandoned ``get`` there is
+``cancel_gets``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.staleness import is_too_stale, may_admit, staleness
+from slime_async.actor import Actor, Deferred
+from slime_async.sample import Sample
+
+log = logging.getLogger(__name__)
+
+Group = list[Sample]
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class BufferConfig:
+    buffer_capacity: int = field(default=64, metadata=_help(
+        "groups the buffer holds, counting groups reserved and still being generated; producers "
+        "wait for space beyond it (backpressure)"))
+    max_staleness: int | None = field(default=None, metadata=_help(
+        "fully-async: no trained token was generated more than this many policy versions ago; new "
+        "prompts wait while in-flight + buffered work would break it; none = unbounded"))
+    mask_offpolicy_in_partial_rollout: bool = field(default=False, metadata=_help(
+        "a partial rollout whose older tokens exceed --max-staleness keeps its newer tokens (the "
+        "old ones get loss mask 0) instead of the whole group being dropped"))
+
+    def validate(self) -> None:
+        if self.buffer_capacity <= 0:
+            raise ValueError(f"--buffer-capacity must be > 0, got {self.buffer_capacity}")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"--max-staleness must be >= 0 or none, got {self.max_staleness}")
+
+
+class GetCancelled(RuntimeError):
+    """Answer to a ``get`` withdrawn by ``cancel_gets``."""
+
+
+_FROM_CONFIG: Any = object()  # sentinel: max_staleness not overridden (None is a real value)
+
+
+@dataclass
+class _Entry:
+    """A buffered group with its generated-token version range, computed once at put time."""
+
+    group: Group
+    oldest: int | None
+    newest: int | None
+
+    @classmethod
+    def of(cls, group: Group) -> _Entry:
+        return cls(group, *_generated_versions(group))
+
+
+@dataclass
+class _GetWaiter:
+    future: asyncio.Future
+    n_groups: int
+    train_version: int
+
+
+@dataclass
+class _PutWaiter:
+    future: asyncio.Future
+    entry: _Entry
+
+
+class BufferActor(Actor):
+    """``groups_per_step``: G of the admission rule, the groups consumed per policy version —
+    ``rollout_batch_size × update_weights_interval`` when weights sync every N steps (passing
+    only the batch size there would block admission until the next sync: a deadlock in sync
+    mode). ``max_staleness`` overrides the config's (the train mode implies 0 for sync, 1 for
+    one-step-off); ``version``: the policy version at start."""
+
+    name = "buffer"
+
+    def __init__(
+        self,
+        config: BufferConfig,
+        *,
+        groups_per_step: int,
+        max_staleness: int | None = _FROM_CONFIG,
+        version: int = 0,
+        name: str | None = None,
+    ):
+        super().__init__(name)
+        config.validate()
+        if groups_per_step <= 0:
+            raise ValueError(f"groups_per_step must be > 0, got {groups_per_step}")
+        self.capacity = config.buffer_capacity
+        self.max_staleness = config.max_staleness if max_staleness is _FROM_CONFIG else max_staleness
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 or None, got {self.max_staleness}")
+        self.mask_offpolicy = config.mask_offpolicy_in_partial_rollout
+        self.groups_per_step = groups_per_step
+        self.version = version
+        # No group can be trained at an earlier version than this any more (versions only grow),
+        # so a group too stale for it is too stale forever and may be dropped at once.
+        self._horizon = version
+        self._groups: deque[_Entry] = deque()
+        self._reserved = 0
+        self._consumed = 0
+        self._dropped_groups = 0
+        self._dropped_samples = 0
+        self._last_staleness_max: int | None = None
+        self._reserve_waiters: deque[asyncio.Future] = deque()
+        self._put_waiters: deque[_PutWaiter] = deque()
+        self._get_waiters: deque[_GetWaiter] = deque()
+
+    # ----- rollout side -----------------------------------------------------------------------
+    def reserve(self) -> Deferred:
+        """Answered (None) once one more group may start: capacity and staleness bound allow it."""
+        future = asyncio.get_running_loop().create_future()
+        self._reserve_waiters.append(future)
+        self._pump()
+        return self.defer(_wait(future))
+
+    def cancel_reservation(self) -> None:
+        """Give back a reservation whose group will never be put (filtered, failed, no prompt)."""
+        if self._reserved == 0:
+            raise ValueError("cancel_reservation without an outstanding reservation")
+        self._reserved -= 1
+        self._pump()
+
+    def put(self, group: Group) -> Deferred:
+        """Add a group (FIFO), turning one outstanding reservation into it if there is one;
+        answered once the group is in the buffer (a put beyond capacity waits for a get)."""
+        _check_group(group)
+        if self._reserved > 0:
+            self._reserved -= 1
+        else:
+            log.debug("buffer: put of group %s without a reservation", group[0].group_index)
+        future = asyncio.get_running_loop().create_future()
+        self._put_waiters.append(_PutWaiter(future, _Entry.of(group)))
+        self._pump()
+        return self.defer(_wait(future))
+
+    # ----- trainer side -----------------------------------------------------------------------
+    def get(self, n_groups: int, train_version: int) -> Deferred:
+        """The ``n_groups`` oldest groups still within the bound at ``train_version`` (FIFO),
+        answered once that many are buffered; too-stale groups are dropped and counted."""
+        if not 0 < n_groups <= self.capacity:
+            raise ValueError(
+                f"get of {n_groups} groups from a buffer of capacity {self.capacity} could never be answered"
+            )
+        self._horizon = max(self._horizon, train_version)
+        future = asyncio.get_running_loop().create_future()
+        self._get_waiters.append(_GetWaiter(future, n_groups, train_version))
+        self._pump()
+        return self.defer(_wait(future))
+
+    def cancel_gets(self) -> int:
+        """Withdraw every waiting ``get`` (they raise GetCancelled); returns how many."""
+        withdrawn = 0
+        while self._get_waiters:
+            waiter = self._get_waiters.popleft()
+            if not waiter.future.done():
+                waiter.future.set_exception(GetCancelled("get withdrawn by cancel_gets"))
+                withdrawn += 1
+        return withdrawn
+
+    def available(self) -> int:
+        """Groups buffered or waiting to enter (what a ``get`` could take without new rollouts)."""
+        return len(self._groups) + len(self._put_waiters)
+
+    def set_version(self, version: int) -> None:
+        """The policy version after a weight sync: admits more groups, may make some stale."""
+        if version < self.version:
+            raise ValueError(f"policy version went back from {self.version} to {version}")
+        self.version = version
+        self._horizon = max(self._horizon, version)
+        self._pump()
+
+    # ----- observability and checkpoint ---------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        out = {
+            "buffer/size": float(len(self._groups)),
+            "buffer/reserved": float(self._reserved),
+            "buffer/waiting_puts": float(len(self._put_waiters)),
+            "buffer/waiting_reservations": float(len(self._reserve_waiters)),
+            "buffer/consumed_groups": float(self._consumed),
+            "buffer/dropped_stale": float(self._dropped_groups),
+            "buffer/dropped_stale_samples": float(self._dropped_samples),
+            "buffer/version": float(self.version),
+        }
+        if self._last_staleness_max is not None:
+            out["buffer/staleness_max"] = float(self._last_staleness_max)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Buffered groups (and groups waiting for space) as ``Sample.to_dict()``, plus the
+        counters admission depends on. Reservations are not saved: their prompts belong to the
+        rollout's checkpoint and reserve again on resume."""
+        groups = [e.group for e in self._groups] + [w.entry.group for w in self._put_waiters]
+        return {
+            "version": self.version,
+            "horizon": self._horizon,
+            "consumed_groups": self._consumed,
+            "dropped_stale_groups": self._dropped_groups,
+            "dropped_stale_samples": self._dropped_samples,
+            "groups": [[_sample_state(s) for s in group] for group in groups],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a checkpoint into an idle buffer (no reservation, no waiting call)."""
+        busy = self._reserved or self._reserve_waiters or self._put_waiters or self._get_waiters
+        if busy:
+            raise RuntimeError("load_state_dict on a buffer with reservations or waiting calls")
+        groups = deque()
+        for g, group in enumerate(state["groups"]):
+            try:
+                groups.append(_Entry.of([Sample.from_dict(s) for s in group]))
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"buffer checkpoint: group {g} is not a list of samples: {error}") from error
+        self.version = state["version"]
+        self._horizon = max(state.get("horizon", self.version), self.version)
+        self._consumed = state["consumed_groups"]
+        self._dropped_groups = state["dropped_stale_groups"]
+        self._dropped_samples = state["dropped_stale_samples"]
+        self._groups = groups
+        self._pump()
+
+    # ----- internals ----------------------------------------------------------------------------
+    def _pump(self) -> None:
+        """Serve waiters until nothing changes: gets first (they free space), then puts (work
+        already done), then reservations (new work)."""
+        progress = True
+        while progress:
+            self._drop_stale()
+            progress = self._serve_gets() | self._serve_puts() | self._serve_reservations()
+
+    def _serve_gets(self) -> bool:
+        served = False
+        while self._get_waiters:
+            waiter = self._get_waiters[0]
+            if waiter.future.done():  # the asker's task was cancelled (actor stopping)
+                self._get_waiters.popleft()
+                continue
+            if len(self._groups) < waiter.n_groups:
+                break
+            self._get_waiters.popleft()
+            entries = [self._groups.popleft() for _ in range(waiter.n_groups)]
+            self._consumed += len(entries)
+            oldest = [e.oldest for e in entries if e.oldest is not None]
+            if oldest:
+                self._last_staleness_max = max(staleness(waiter.train_version, v) for v in oldest)
+            waiter.future.set_result([e.group for e in entries])
+            served = True
+        return served
+
+    def _serve_puts(self) -> bool:
+        served = False
+        while self._put_waiters and len(self._groups) < self.capacity:
+            waiter = self._put_waiters.popleft()
+            self._groups.append(waiter.entry)
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+            served = True
+        return served
+
+    def _serve_reservations(self) -> bool:
+        served = False
+        while self._reserve_waiters:
+            future = self._reserve_waiters[0]
+            if future.done():
+                self._reserve_waiters.popleft()
+                continue
+            if not self._may_admit():
+                break
+            self._reserve_waiters.popleft()
+            self._reserved += 1
+            future.set_result(None)
+            served = True
+        return served
+
+    def _pending(self) -> int:
+        return self._reserved + len(self._groups) + len(self._put_waiters)
+
+    def _may_admit(self) -> bool:
+        pending = self._pending()
+        if pending >= self.capacity:
+            return False
+        if self.max_staleness is None:
+            return True
+        return may_admit(self.version, self.max_staleness, self.groups_per_step, self._consumed, pending)
+
+    def _drop_stale(self) -> None:
+        if self.max_staleness is None:
+            return
+        if not any(self._is_stale(e) for e in self._groups):
+            return
+        kept: deque[_Entry] = deque()
+        for entry in self._groups:
+            if self._is_stale(entry):
+                self._dropped_groups += 1
+                self._dropped_samples += len(entry.group)
+                log.debug("buffer: group %s (oldest token v%s) dropped as too stale for version %d",
+                          entry.group[0].group_index, entry.oldest, self._horizon)
+            else:
+                kept.append(entry)
+        self._groups = kept
+
+    def _is_stale(self, entry: _Entry) -> bool:
+        if entry.oldest is None:
+            return False  # nothing generated (e.g. failed samples): nothing can be stale
+        # With masking, only the too-old tokens lose their loss; a group is useless (dropped)
+        # only when even its newest token is too old.
+        reference = entry.newest if self.mask_offpolicy else entry.oldest
+        return is_too_stale(self._horizon, reference, self.max_staleness)
+
+
+async def _wait(future: asyncio.Future) -> Any:
+    return await future
+
+
+def _check_group(group: Any) -> None:
+    if not isinstance(group, list) or not group:
+        raise ValueError(f"put needs a non-empty list of samples, got {type(group).__name__} {group!r:.80}")
+    for i, sample in enumerate(group):
+        if not isinstance(sample, Sample):
+            raise TypeError(f"put: group item {i} is a {type(sample).__name__}, not a Sample")
+
+
+def _generated_versions(group: Group) -> tuple[int | None, int | None]:
+    """(oldest, newest) policy version among the group's generated (loss_mask 1) tokens."""
+    versions = [v for s in group for v, m in zip(s.token_versions, s.loss_mask) if m]
+    if not versions:
+        return None, None
+    return min(versions), max(versions)
+
+
+def _sample_state(sample: Sample) -> dict[str, Any]:
+    # Copies of the per-token lists: the checkpoint must not change if a sample does later.
+    return {k: list(v) if isinstance(v, list) else v for k, v in sample.to_dict().items()}

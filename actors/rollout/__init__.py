@@ -1,0 +1,1 @@
+"""Rollout: prompt data (``data``), the RolloutActor (``actor``) and its config (``config``)."""
