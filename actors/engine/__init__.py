@@ -1,0 +1,1 @@
+"""Inference engines: SGLang launchers, external URLs and the embedded CPU engine."""

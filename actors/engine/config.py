@@ -1,0 +1,121 @@
+"""The `engine` config section: which engines serve rollouts and how the runtime talks to them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from actors.engine.sglang import RUNTIME_OWNED_SGLANG_FIELDS
+
+EngineType = Literal["auto", "sglang", "cpu", "external"]
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class EngineConfig:
+    engine_type: EngineType = field(
+        default="auto",
+        metadata=_help(
+            "what serves rollouts: sglang = launch SGLang servers on the rollout GPUs; cpu = the embedded "
+            "CPU engine; external = the servers of --rollout-external-engine-addrs; auto = external when "
+            "addresses are given, else sglang when a GPU and sglang are present, else cpu"
+        ),
+    )
+    rollout_num_gpus: int = field(default=1, metadata=_help("GPUs given to SGLang engines (sglang only)"))
+    rollout_num_gpus_per_engine: int = field(
+        default=1, metadata=_help("GPUs per SGLang engine, i.e. its tensor-parallel size (sglang only)")
+    )
+    rollout_num_engines: int = field(default=1, metadata=_help("number of embedded CPU engines (cpu only)"))
+    rollout_external_engine_addrs: list[str] = field(
+        default_factory=list,
+        metadata=_help("URLs (or host:port) of already-running SGLang-compatible servers; never started or killed"),
+    )
+    engine_api_key: str | None = field(
+        default=None,
+        metadata=_help("sent as 'Authorization: Bearer <key>' to every engine (for servers started with --api-key)"),
+    )
+    engine_host: str = field(default="127.0.0.1", metadata=_help("address owned engines listen on"))
+    engine_base_port: int = field(
+        default=0,
+        metadata=_help("port of the first owned engine, the next ones use the following ports; 0 = a free port each"),
+    )
+    engine_start_timeout: float = field(
+        default=600.0, metadata=_help("seconds an owned engine may take until /health_generate answers")
+    )
+    engine_request_timeout: float = field(
+        default=600.0, metadata=_help("seconds one generate or control request may take before it counts as failed")
+    )
+    cpu_engine_max_running_requests: int = field(
+        default=32, metadata=_help("requests the CPU engine batches together; more wait in its queue")
+    )
+    cpu_engine_threads: int = field(default=0, metadata=_help("torch threads per CPU engine; 0 = torch's default"))
+    # Filled from --sglang-<field> flags and the [sglang] table by the config loader; forwarded
+    # verbatim to sglang.launch_server (not a flag itself).
+    sglang: dict[str, object] = field(default_factory=dict, metadata=_help("SGLang ServerArgs pass-through values"))
+
+    def resolved_engine_type(self, gpu_available: bool, sglang_available: bool) -> str:
+        """ "auto" made concrete for this machine; other values are returned as they are."""
+        if self.engine_type != "auto":
+            return self.engine_type
+        if self.rollout_external_engine_addrs:
+            return "external"
+        return "sglang" if gpu_available and sglang_available else "cpu"
+
+    def validate(self) -> None:
+        if self.engine_type not in ("auto", "sglang", "cpu", "external"):
+            raise ValueError(f"--engine-type must be auto, sglang, cpu or external, got {self.engine_type!r}")
+        if self.engine_type == "external" and not self.rollout_external_engine_addrs:
+            raise ValueError("--engine-type external needs --rollout-external-engine-addrs")
+        if self.rollout_external_engine_addrs and self.engine_type in ("sglang", "cpu"):
+            raise ValueError(
+                f"--rollout-external-engine-addrs is only used with --engine-type external or auto, "
+                f"not {self.engine_type}"
+            )
+        for address in self.rollout_external_engine_addrs:
+            if not address.strip():
+                raise ValueError("--rollout-external-engine-addrs contains an empty address")
+        if self.rollout_num_gpus_per_engine < 1:
+            raise ValueError(f"--rollout-num-gpus-per-engine must be >= 1, got {self.rollout_num_gpus_per_engine}")
+        if self.rollout_num_gpus < 1:
+            raise ValueError(f"--rollout-num-gpus must be >= 1, got {self.rollout_num_gpus}")
+        if self.rollout_num_gpus % self.rollout_num_gpus_per_engine:
+            raise ValueError(
+                f"--rollout-num-gpus ({self.rollout_num_gpus}) must be a multiple of "
+                f"--rollout-num-gpus-per-engine ({self.rollout_num_gpus_per_engine})"
+            )
+        if self.rollout_num_engines < 1:
+            raise ValueError(f"--rollout-num-engines must be >= 1, got {self.rollout_num_engines}")
+        if not self.engine_host:
+            raise ValueError("--engine-host must not be empty")
+        if not 0 <= self.engine_base_port <= 65535:
+            raise ValueError(f"--engine-base-port must be 0 (free ports) or a port number, got {self.engine_base_port}")
+        if self.engine_base_port:
+            engines = max(self.rollout_num_engines, self.rollout_num_gpus // self.rollout_num_gpus_per_engine)
+            if self.engine_base_port + engines - 1 > 65535:
+                raise ValueError(f"--engine-base-port {self.engine_base_port} leaves no room for {engines} engines")
+        if self.engine_start_timeout <= 0:
+            raise ValueError(f"--engine-start-timeout must be > 0, got {self.engine_start_timeout}")
+        if self.engine_request_timeout <= 0:
+            raise ValueError(f"--engine-request-timeout must be > 0, got {self.engine_request_timeout}")
+        if self.cpu_engine_max_running_requests < 1:
+            raise ValueError(
+                f"--cpu-engine-max-running-requests must be >= 1, got {self.cpu_engine_max_running_requests}"
+            )
+        if self.cpu_engine_threads < 0:
+            raise ValueError(f"--cpu-engine-threads must be >= 0, got {self.cpu_engine_threads}")
+        owned = sorted(set(self.sglang) & set(RUNTIME_OWNED_SGLANG_FIELDS))
+        if owned:
+            name = owned[0]
+            raise ValueError(
+                f"--sglang-{name.replace('_', '-')} is set by the runtime, not passed through: use "
+                f"{RUNTIME_OWNED_SGLANG_FIELDS[name]}"
+            )
+        if self.sglang and self.engine_type in ("cpu", "external"):
+            first = next(iter(self.sglang)).replace("_", "-")
+            raise ValueError(
+                f"--sglang-{first} only applies to engines this run launches with SGLang, "
+                f"not to --engine-type {self.engine_type}"
+            )

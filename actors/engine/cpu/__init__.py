@@ -1,0 +1,10 @@
+"""Embedded CPU inference engine speaking SGLang's HTTP API.
+
+Modules, from the outside in:
+  server.py        aiohttp routes (SGLang's endpoints) and `main`; `python -m actors.engine.cpu`
+  protocol.py      /generate wire format: request parsing/validation, response shaping
+  scheduler.py     continuous batching on a dedicated thread; abort, pause, weight swap
+  prefix_cache.py  LRU cache of finished sequences' KV for multi-turn / group prompts
+  model_runner.py  transformers model: prefill, batched decode, sampling, weight staging
+  config.py        command line and start-up checks (no heavy imports)
+"""

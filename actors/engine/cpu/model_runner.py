@@ -1,0 +1,260 @@
+"""Model runner of the CPU engine: forward passes, sampling, logprobs and weight loading.
+
+It holds an HF-format causal LM loaded through transformers and knows nothing of requests,
+queues or HTTP. The scheduler hands it token ids and per-sequence KV caches.
+
+KV caches are per sequence: a list over layers of (keys, values), each shaped
+[1, num_kv_heads, seq_len, head_dim]. They are never modified in place (every append makes
+a new tensor), so a cache slice handed to the prefix cache stays valid while the sequence
+goes on decoding.
+
+Logprob convention (matches SGLang's sampler, checked against sglang/srt/layers/sampler.py
+and sampling_params.py): the reported logprob of a sampled token is
+    log_softmax(logits / temperature)[token]
+over the full vocabulary, i.e. before top-k / top-p truncation and renormalisation.
+SGLang turns temperature < 1e-6 into greedy decoding by setting temperature = 1 and
+top_k = 1, so at temperature 0 the logprob is log_softmax(logits)[argmax].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.cache_utils import DynamicCache
+
+from actors.engine.cpu.config import ModelDirError, check_model_dir
+
+# A sequence's cache: one (keys, values) pair per layer, each [1, kv_heads, len, head_dim].
+SequenceKV = list[tuple[torch.Tensor, torch.Tensor]]
+
+GREEDY_EPS = 1e-6  # SGLang's _SAMPLING_EPS: temperatures below it mean greedy
+
+
+class WeightUpdateError(ValueError):
+    """A weight update was rejected; the weights in use are unchanged."""
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """What the runner needs to pick one token for one sequence."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    generator: torch.Generator | None = None
+
+
+def kv_length(kv: SequenceKV | None) -> int:
+    return 0 if not kv else kv[0][0].shape[2]
+
+
+def slice_kv(kv: SequenceKV, length: int) -> SequenceKV:
+    """The first `length` positions of a cache (views; safe because caches are immutable)."""
+    return [(k[:, :, :length], v[:, :, :length]) for k, v in kv]
+
+
+def _parse_dtype(name: str) -> torch.dtype:
+    attr = name.removeprefix("torch.")
+    dtype = getattr(torch, attr, None)
+    if not isinstance(dtype, torch.dtype):
+        raise WeightUpdateError(f"unknown dtype {name!r}")
+    return dtype
+
+
+class ModelRunner:
+    """Loads a causal LM on CPU and runs prefill / batched decode / sampling."""
+
+    def __init__(self, model_path: str | Path, dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+        self.model_path = str(check_model_dir(model_path))
+        self.dtype = dtype
+        try:
+            self.config = AutoConfig.from_pretrained(self.model_path)
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, attn_implementation="sdpa")
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelDirError(f"cannot load model from {self.model_path!r}: {exc}") from exc
+        self.model.eval().requires_grad_(False)
+        self.vocab_size: int = self.config.vocab_size
+        self.context_len: int = getattr(self.config, "max_position_embeddings", 4096)
+        self.eos_token_ids: frozenset[int] = self._eos_token_ids()
+        self.generator = torch.Generator().manual_seed(seed)
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+
+    def _eos_token_ids(self) -> frozenset[int]:
+        # Like SGLang, stop on the config's eos ids and the generation config's.
+        ids: set[int] = set()
+        for source in (self.config.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        return frozenset(ids)
+
+    # ---- forward -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: list[int], prefix: SequenceKV | None) -> tuple[torch.Tensor, SequenceKV]:
+        """Run the tokens after a cached prefix; return last-position logits and the full cache."""
+        start = kv_length(prefix)
+        new = token_ids[start:]
+        if not new:
+            raise ValueError("prefill needs at least one token beyond the cached prefix")
+        cache = DynamicCache(ddp_cache_data=prefix) if prefix else DynamicCache()
+        ids = torch.tensor([new], dtype=torch.long)
+        positions = torch.arange(start, start + len(new), dtype=torch.long).unsqueeze(0)
+        out = self.model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+        kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        return out.logits[0, -1].float(), kv
+
+    @torch.inference_mode()
+    def decode(self, last_tokens: list[int], caches: list[SequenceKV]) -> tuple[torch.Tensor, list[SequenceKV]]:
+        """One decode step for a batch of sequences of different lengths.
+
+        The per-sequence caches are left-padded to the longest one and masked, so one
+        forward serves the whole running batch; each sequence then gets its own cache back
+        with the new position appended.
+        """
+        batch = len(last_tokens)
+        lengths = [kv_length(kv) for kv in caches]
+        longest = max(lengths)
+        if all(n == longest for n in lengths):
+            layers = [
+                (torch.cat([kv[i][0] for kv in caches]), torch.cat([kv[i][1] for kv in caches]))
+                for i in range(len(caches[0]))
+            ]
+            mask = None
+        else:
+            layers = []
+            for i in range(len(caches[0])):
+                k0 = caches[0][i][0]
+                keys = k0.new_zeros((batch, k0.shape[1], longest, k0.shape[3]))
+                values = torch.zeros_like(keys)
+                for b, kv in enumerate(caches):
+                    keys[b, :, longest - lengths[b] :] = kv[i][0][0]
+                    values[b, :, longest - lengths[b] :] = kv[i][1][0]
+                layers.append((keys, values))
+            # 0 over each row's left padding, 1 over its real positions and the new token.
+            mask = torch.ones((batch, longest + 1), dtype=torch.long)
+            for b, n in enumerate(lengths):
+                mask[b, : longest - n] = 0
+        cache = DynamicCache(ddp_cache_data=layers)
+        ids = torch.tensor(last_tokens, dtype=torch.long).unsqueeze(1)
+        positions = torch.tensor(lengths, dtype=torch.long).unsqueeze(1)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        )
+        new_kv = []
+        for b, kv in enumerate(caches):
+            seq = []
+            for i, layer in enumerate(out.past_key_values.layers):
+                k_new = layer.keys[b : b + 1, :, -1:]
+                v_new = layer.values[b : b + 1, :, -1:]
+                seq.append((torch.cat([kv[i][0], k_new], dim=2), torch.cat([kv[i][1], v_new], dim=2)))
+            new_kv.append(seq)
+        return out.logits[:, -1].float(), new_kv
+
+    # ---- sampling ------------------------------------------------------------------
+
+    def sample(self, logits: torch.Tensor, specs: list[SamplingSpec]) -> tuple[list[int], list[float]]:
+        """Pick one token per row of `logits` [batch, vocab]; return tokens and their logprobs."""
+        tokens, logprobs = [], []
+        for row, spec in zip(logits, specs):
+            greedy = spec.temperature < GREEDY_EPS or spec.top_k == 1
+            temperature = 1.0 if spec.temperature < GREEDY_EPS else spec.temperature
+            log_probs = torch.log_softmax(row / temperature, dim=-1)
+            if greedy:
+                token = int(torch.argmax(row))
+            else:
+                token = self._draw(log_probs, spec)
+            tokens.append(token)
+            logprobs.append(float(log_probs[token]))
+        return tokens, logprobs
+
+    def _draw(self, log_probs: torch.Tensor, spec: SamplingSpec) -> int:
+        probs = log_probs.exp()
+        if 0 < spec.top_k < probs.numel():
+            kth = torch.topk(probs, spec.top_k).values[-1]
+            probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+        if spec.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            cumulative = torch.cumsum(sorted_probs, dim=0) / sorted_probs.sum()
+            # Keep every token whose preceding mass is below top_p (the first always stays).
+            drop = (cumulative - sorted_probs / sorted_probs.sum()) > spec.top_p
+            sorted_probs[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        generator = spec.generator or self.generator
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    # ---- weights -------------------------------------------------------------------
+
+    def parameter_names(self) -> list[str]:
+        return list(self._params)
+
+    def stage_from_disk(self, model_path: str) -> dict[str, torch.Tensor]:
+        """Read and validate a whole checkpoint; nothing is applied yet."""
+        try:
+            path = check_model_dir(model_path)
+        except ModelDirError as exc:
+            raise WeightUpdateError(str(exc)) from exc
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise WeightUpdateError(f"model path {model_path!r} has no *.safetensors files")
+        staged: dict[str, torch.Tensor] = {}
+        for file in files:
+            try:
+                with safe_open(str(file), framework="pt") as handle:
+                    for name in handle.keys():
+                        staged[name] = handle.get_tensor(name)
+            except Exception as exc:  # safetensors raises its own error types
+                raise WeightUpdateError(f"cannot read {str(file)!r}: {exc}") from exc
+        for name, tensor in staged.items():
+            self._check_tensor(name, tensor.shape, tensor.dtype, exact_dtype=False, source=model_path)
+            staged[name] = tensor.to(self.dtype)
+        missing = [n for n in self._params if n not in staged and not self._is_tied_alias(n, staged)]
+        if missing:
+            raise WeightUpdateError(
+                f"checkpoint {model_path!r} lacks {len(missing)} parameter(s) of the served model, "
+                f"e.g. {missing[:3]}"
+            )
+        return staged
+
+    def check_distributed_spec(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> None:
+        """Validate a broadcast announcement (names, dtypes, shapes) before receiving."""
+        if not len(names) == len(dtypes) == len(shapes):
+            raise WeightUpdateError(
+                f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, {len(shapes)})"
+            )
+        for name, dtype, shape in zip(names, dtypes, shapes):
+            self._check_tensor(name, torch.Size(shape), _parse_dtype(dtype), exact_dtype=True, source="broadcast")
+
+    @staticmethod
+    def receive_buffers(dtypes: list[str], shapes: list[list[int]]) -> list[torch.Tensor]:
+        """Empty tensors shaped as announced, to receive a broadcast into."""
+        return [torch.empty(shape, dtype=_parse_dtype(dtype)) for dtype, shape in zip(dtypes, shapes)]
+
+    @torch.no_grad()
+    def apply_weights(self, staged: dict[str, torch.Tensor]) -> None:
+        """Copy validated tensors into the model (tied weights share storage, so one copy does)."""
+        for name, tensor in staged.items():
+            self._params[name].copy_(tensor)
+
+    def _is_tied_alias(self, name: str, staged: dict[str, torch.Tensor]) -> bool:
+        param = self._params[name]
+        return any(other in staged and self._params[other].data_ptr() == param.data_ptr() for other in self._params)
+
+    def _check_tensor(self, name: str, shape: torch.Size, dtype: torch.dtype, exact_dtype: bool, source: str) -> None:
+        param = self._params.get(name)
+        if param is None:
+            raise WeightUpdateError(f"{source}: unknown parameter name {name!r} for this model")
+        if tuple(shape) != tuple(param.shape):
+            raise WeightUpdateError(
+                f"{source}: shape mismatch for {name!r}: got {list(shape)}, model has {list(param.shape)}"
+            )
+        if exact_dtype and dtype != param.dtype:
+            # SGLang also refuses a broadcast whose dtype differs from the served model's.
+            raise WeightUpdateError(f"{source}: dtype mismatch for {name!r}: got {dtype}, model has {param.dtype}")
+        if not dtype.is_floating_point:
+            raise WeightUpdateError(f"{source}: {name!r} has non-floating dtype {dtype}")

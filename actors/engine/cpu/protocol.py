@@ -1,0 +1,225 @@
+"""SGLang's /generate wire format for the CPU engine: parse requests, shape responses.
+
+Everything here is about JSON in and JSON out (field names, defaults, validation messages,
+SGLang's output layout); the scheduler only sees the parsed `SamplingParams` and token ids.
+Shapes follow SGLang's io_struct.py / sampling_params.py / tokenizer_manager.py.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # avoid a runtime cycle: the scheduler imports SamplingParams from here
+    from actors.engine.cpu.scheduler import Request
+
+
+UNTIL_CONTEXT_END = 2**31 - 1  # max_new_tokens that only the context length cuts short
+
+
+class BadRequest(ValueError):
+    """Input the client must fix; answered with HTTP 400."""
+
+
+# SGLang sampling fields this engine implements.
+_SUPPORTED = {
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "stop_token_ids",
+    "ignore_eos",
+    "no_stop_trim",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "sampling_seed",
+}
+# SGLang sampling fields accepted only at their neutral value (a request that relies on
+# them would silently get different behaviour otherwise).
+_NEUTRAL = {
+    "stop": (None, [], ""),
+    "stop_regex": (None, [], ""),
+    "min_p": (0.0,),
+    "frequency_penalty": (0.0,),
+    "presence_penalty": (0.0,),
+    "repetition_penalty": (1.0,),
+    "min_new_tokens": (0,),
+    "n": (1,),
+    "json_schema": (None,),
+    "regex": (None,),
+    "ebnf": (None,),
+    "structural_tag": (None,),
+    "custom_params": (None,),
+    "stream_interval": (None,),
+    "logit_bias": (None, {}),
+}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The sampling fields of one /generate request, with SGLang's defaults."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 128
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    sampling_seed: int | None = None
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any] | None) -> "SamplingParams":
+        """Parse SGLang's `sampling_params` dict; ValueError names the offending field."""
+        raw = raw or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"sampling_params must be an object, got {type(raw).__name__}")
+        for key, value in raw.items():
+            if key in _SUPPORTED:
+                continue
+            if key in _NEUTRAL:
+                if value not in _NEUTRAL[key]:
+                    raise ValueError(f"sampling_params.{key}={value!r} is not supported by the CPU engine")
+                continue
+            raise ValueError(f"unknown sampling_params field {key!r}")
+
+        def get(name: str, kind: type, default: Any) -> Any:
+            value = raw.get(name)
+            if value is None:
+                return default
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ValueError(f"sampling_params.{name} must be {kind.__name__}, got {value!r}")
+            return value
+
+        stop_token_ids = get("stop_token_ids", list, [])
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
+            raise ValueError(f"sampling_params.stop_token_ids must be a list of integers, got {stop_token_ids!r}")
+        params = cls(
+            temperature=get("temperature", float, 1.0),
+            top_p=get("top_p", float, 1.0),
+            top_k=get("top_k", int, -1),
+            # An explicit null means "until the context is full", as in SGLang.
+            max_new_tokens=get("max_new_tokens", int, UNTIL_CONTEXT_END if "max_new_tokens" in raw else 128),
+            stop_token_ids=frozenset(stop_token_ids),
+            ignore_eos=get("ignore_eos", bool, False),
+            no_stop_trim=get("no_stop_trim", bool, False),
+            skip_special_tokens=get("skip_special_tokens", bool, True),
+            sampling_seed=get("sampling_seed", int, None),
+        )
+        if not params.temperature >= 0.0 or params.temperature == float("inf"):
+            raise ValueError(
+                f"sampling_params.temperature must be a non-negative finite number, got {params.temperature}"
+            )
+        if not 0.0 < params.top_p <= 1.0:
+            raise ValueError(f"sampling_params.top_p must be in (0, 1], got {params.top_p}")
+        if params.top_k < 1 and params.top_k != -1:
+            raise ValueError(f"sampling_params.top_k must be -1 (disabled) or at least 1, got {params.top_k}")
+        if params.max_new_tokens < 0:
+            raise ValueError(f"sampling_params.max_new_tokens must be at least 0, got {params.max_new_tokens}")
+        return params
+
+
+def validate_input_ids(input_ids: Any, vocab_size: int, context_len: int) -> list[int]:
+    """Check one prompt; ValueError says what is wrong with it."""
+    if not isinstance(input_ids, list) or not input_ids:
+        raise ValueError("input_ids must be a non-empty list of token ids")
+    for i, token in enumerate(input_ids):
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab_size:
+            raise ValueError(f"input_ids[{i}]={token!r} is outside the vocabulary [0, {vocab_size})")
+    if len(input_ids) >= context_len:
+        raise ValueError(
+            f"the input ({len(input_ids)} tokens) is longer than the model's context length ({context_len} tokens)"
+        )
+    return input_ids
+
+
+@dataclass
+class GenerateItem:
+    """One prompt of a /generate call (a batch call has several)."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool
+
+
+def parse_generate(
+    body: Any, vocab_size: int, context_len: int, tokenizer: Any | None
+) -> tuple[list[GenerateItem], bool]:
+    """Split a /generate body into items; the flag says whether the caller sent a batch."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    if body.get("stream"):
+        raise BadRequest("stream=true is not supported by the CPU engine")
+    prompts = body.get("input_ids")
+    if prompts is None and body.get("text") is not None:
+        prompts = _tokenize(tokenizer, body["text"])
+    if prompts is None:
+        raise BadRequest("one of input_ids or text is required")
+    is_batch = isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], list)
+    prompt_list = prompts if is_batch else [prompts]
+    n = len(prompt_list)
+    sampling = _per_item(body.get("sampling_params"), n, "sampling_params", dict)
+    logprob_flags = _per_item(body.get("return_logprob"), n, "return_logprob", bool)
+    rids = _per_item(body.get("rid"), n, "rid", str)
+    items = []
+    for i, ids in enumerate(prompt_list):
+        where = f"input_ids[{i}]: " if is_batch else ""
+        try:
+            ids = validate_input_ids(ids, vocab_size, context_len)
+            params = SamplingParams.from_json(sampling[i])
+        except ValueError as exc:
+            raise BadRequest(where + str(exc)) from exc
+        items.append(GenerateItem(rids[i] or uuid.uuid4().hex, ids, params, bool(logprob_flags[i])))
+    return items, is_batch
+
+
+def _tokenize(tokenizer: Any | None, text: Any) -> Any:
+    if tokenizer is None:
+        raise BadRequest("text input needs a tokenizer in the model directory; send input_ids")
+    if isinstance(text, str):
+        return tokenizer.encode(text, add_special_tokens=False)
+    if isinstance(text, list) and all(isinstance(t, str) for t in text):
+        return [tokenizer.encode(t, add_special_tokens=False) for t in text]
+    raise BadRequest("text must be a string or a list of strings")
+
+
+def generate_output(req: "Request", weight_version: str, started: float, tokenizer: Any | None) -> dict[str, Any]:
+    """SGLang's response object for one finished request."""
+    meta: dict[str, Any] = {
+        "id": req.rid,
+        "finish_reason": req.finish_reason,
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(req.output_ids),
+        "cached_tokens": req.cached_tokens,
+        "weight_version": weight_version,
+        "e2e_latency": time.monotonic() - started,
+    }
+    if req.return_logprob:
+        meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(req.output_logprobs, req.output_ids)]
+        meta["input_token_logprobs"] = []
+    out: dict[str, Any] = {"output_ids": list(req.output_ids), "meta_info": meta}
+    if tokenizer is not None:
+        text_ids = req.output_ids
+        matched = (req.finish_reason or {}).get("matched")
+        # SGLang trims a matched stop token from the text (not from output_ids).
+        if isinstance(matched, int) and not req.params.no_stop_trim and text_ids:
+            text_ids = text_ids[:-1]
+        out["text"] = tokenizer.decode(text_ids, skip_special_tokens=req.params.skip_special_tokens)
+    return out
+
+
+def _per_item(value: Any, n: int, name: str, kind: type) -> list[Any]:
+    """SGLang lets batch fields be one value for all requests or a list with one per request."""
+    if isinstance(value, list) and kind is not list:
+        if len(value) != n:
+            raise BadRequest(f"{name} has {len(value)} entries for a batch of {n}")
+        return value
+    if value is not None and not isinstance(value, kind):
+        raise BadRequest(f"{name} must be {kind.__name__} or a list of them, got {value!r}")
+    return [value] * n

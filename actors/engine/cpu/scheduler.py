@@ -1,0 +1,325 @@
+"""Continuous-batching scheduler of the CPU engine; knows nothing of HTTP.
+
+One dedicated thread owns every piece of scheduling state (waiting queue, running batch,
+prefix cache, pause flag) and alternates between
+  1. control operations posted with `call` (abort, pause, weight swap, stats ...), and
+  2. one engine step: admit waiting requests (prefill each, reusing a cached prefix), then
+     one batched decode over everything running.
+A request that arrives while others decode therefore joins the batch at the next step,
+and a finished one leaves it at once. Callers on other threads only `submit` requests and
+`call` functions; results come back through each request's `on_finish` callback, invoked
+on the scheduler thread.
+
+Why not transformers' continuous batching (generation/continuous_batching): it is built
+around one generation config for all requests and a paged cache whose prefix sharing is
+not reported per request; per-request temperature/top-p, `cached_tokens`, abort with
+partial logprobs and SGLang's pause modes would all have to be bolted on. A compact
+scheduler over the model's forward with per-sequence caches does all of it in one file.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from actors.engine.cpu.model_runner import ModelRunner, SamplingSpec, SequenceKV
+from actors.engine.cpu.prefix_cache import PrefixCache
+from actors.engine.cpu.protocol import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+@dataclass
+class SchedulerConfig:
+    """Memory bounds of the scheduler."""
+
+    max_running_requests: int = 32
+    # Tokens reserved by the running batch: sum of (prompt + max_new_tokens) per request.
+    max_total_tokens: int = 65536
+    prefix_cache_max_tokens: int = 32768
+
+    def validate(self) -> None:
+        minimums = {"max_running_requests": 1, "max_total_tokens": 1, "prefix_cache_max_tokens": 0}
+        for name, minimum in minimums.items():
+            if getattr(self, name) < minimum:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least {minimum}, got {getattr(self, name)}")
+
+
+@dataclass
+class Request:
+    """One sequence to generate; mutated only on the scheduler thread until finished."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool
+    on_finish: Callable[["Request"], None]
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    cached_tokens: int = 0
+    finish_reason: dict[str, Any] | None = None
+    kv: SequenceKV | None = None  # covers input_ids + output_ids[:-1]
+    created_at: float = field(default_factory=time.monotonic)
+    finished_at: float | None = None
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.sampling_seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.sampling_seed)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    def reserved_tokens(self, context_len: int) -> int:
+        return min(len(self.input_ids) + self.params.max_new_tokens, context_len)
+
+
+@dataclass
+class SchedulerStats:
+    """Counters that tests and /get_server_info read to see how batching behaved."""
+
+    num_prefills: int = 0
+    num_decode_steps: int = 0
+    num_decoded_tokens: int = 0
+    max_running_batch: int = 0
+    num_finished: int = 0
+    num_aborted: int = 0
+    num_retracted: int = 0
+    cache_hit_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+class Scheduler:
+    """Owns the scheduler thread; see the module docstring for the loop."""
+
+    def __init__(self, runner: ModelRunner, config: SchedulerConfig) -> None:
+        config.validate()
+        self.runner = runner
+        self.config = config
+        self.prefix_cache = PrefixCache(config.prefix_cache_max_tokens)
+        self.stats = SchedulerStats()
+        self.paused = False
+        self.pause_mode: str | None = None
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._lock = threading.Condition()
+        self._incoming: list[Request] = []
+        self._controls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="cpu-engine-scheduler", daemon=True)
+
+    # ---- API for other threads ---------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        self._thread.join(timeout=30)
+
+    def submit(self, request: Request) -> None:
+        with self._lock:
+            self._incoming.append(request)
+            self._lock.notify()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` on the scheduler thread between two steps; its result lands in the future."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._stopping:
+                future.set_exception(RuntimeError("scheduler is stopped"))
+                return future
+            self._controls.append((fn, future))
+            self._lock.notify()
+        return future
+
+    # ---- control operations (run through `call`) ----------------------------------------
+
+    def abort(self, rid: str | None = None, abort_all: bool = False) -> int:
+        """Finish matching requests now with finish type abort and what they have so far."""
+        victims = [r for r in [*self._running, *self._waiting] if abort_all or r.rid == rid]
+        for request in victims:
+            self._finish(request, {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None})
+        return len(victims)
+
+    def pause(self, mode: str) -> None:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        self.paused, self.pause_mode = True, mode
+        if mode == "abort":
+            self.abort(abort_all=True)
+        elif mode == "retract":
+            # Back to the head of the queue; their KV goes to the prefix cache, so after
+            # continue_generation they re-prefill from it (or from scratch after a flush).
+            for request in reversed(self._running):
+                self._release_kv(request)
+                self._waiting.appendleft(request)
+                self.stats.num_retracted += 1
+            self._running.clear()
+        # in_place: the running batch keeps its KV and simply is not stepped.
+
+    def resume(self) -> None:
+        self.paused, self.pause_mode = False, None
+
+    def flush_cache(self) -> int:
+        return self.prefix_cache.clear()
+
+    def swap_weights(self, staged: dict[str, torch.Tensor], flush_cache: bool) -> None:
+        """Apply validated weights between two steps, so no forward mixes old and new."""
+        self.runner.apply_weights(staged)
+        if flush_cache:
+            self.prefix_cache.clear()
+
+    def loads(self) -> dict[str, Any]:
+        used = sum(len(r.input_ids) + len(r.output_ids) for r in self._running)
+        return {
+            "num_running_reqs": len(self._running),
+            "num_waiting_reqs": len(self._waiting) + len(self._incoming),
+            "num_used_tokens": used,
+            "max_total_num_tokens": self.config.max_total_tokens,
+            "max_running_requests": self.config.max_running_requests,
+            "token_usage": round(used / self.config.max_total_tokens, 4),
+            "prefix_cache_tokens": self.prefix_cache.total_tokens,
+            "paused": self.paused,
+        }
+
+    # ---- the loop -----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._stopping or self._controls or self._incoming or self._has_work()):
+                    self._lock.wait()
+                if self._stopping:
+                    break
+                self._waiting.extend(self._incoming)
+                self._incoming.clear()
+                controls, self._controls = self._controls, []
+            for fn, future in controls:
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - the caller gets the error
+                    future.set_exception(exc)
+            if self._has_work():
+                try:
+                    self._step()
+                except Exception as exc:  # a failed forward fails its batch, not the engine
+                    logger.exception("engine step failed")
+                    for request in [*self._running]:
+                        self._finish(request, _abort_reason(f"engine step failed: {exc}", 500))
+        for request in [*self._running, *self._waiting, *self._incoming]:
+            self._finish(request, _abort_reason("engine shutting down", 503))
+        for _, future in self._controls:
+            future.set_exception(RuntimeError("scheduler is stopped"))
+
+    def _has_work(self) -> bool:
+        return not self.paused and bool(self._running or self._waiting)
+
+    def _step(self) -> None:
+        self._admit()
+        if self._running:
+            self._decode()
+
+    def _admit(self) -> None:
+        context = self.runner.context_len
+        reserved = sum(r.reserved_tokens(context) for r in self._running)
+        while self._waiting and len(self._running) < self.config.max_running_requests:
+            request = self._waiting[0]
+            need = request.reserved_tokens(context)
+            if self._running and reserved + need > self.config.max_total_tokens:
+                break  # FIFO: later requests wait too, so a large one is not starved
+            self._waiting.popleft()
+            if self._finished_before_start(request):
+                continue
+            self._prefill(request)
+            if request.finish_reason is None:
+                self._running.append(request)
+                reserved += need
+
+    def _finished_before_start(self, request: Request) -> bool:
+        if request.params.max_new_tokens == 0 and not request.output_ids:
+            self._finish(request, {"type": "length", "length": 0})
+            return True
+        return False
+
+    def _prefill(self, request: Request) -> None:
+        tokens = request.all_ids
+        cached, prefix = self.prefix_cache.match(tokens)
+        if not request.output_ids:  # a retracted request re-prefills; count its first visit only
+            request.cached_tokens = cached
+            self.stats.cache_hit_tokens += cached
+            self.stats.prompt_tokens += len(tokens)
+        logits, kv = self.runner.prefill(tokens, prefix)
+        self.stats.num_prefills += 1
+        if not request.output_ids:
+            self.prefix_cache.insert(tokens, kv)  # the prompt, for the other samples of a group
+        request.kv = kv
+        token, logprob = self._sample(logits.unsqueeze(0), [request])
+        self._append(request, token[0], logprob[0])
+
+    def _decode(self) -> None:
+        batch = list(self._running)
+        self.stats.max_running_batch = max(self.stats.max_running_batch, len(batch))
+        logits, caches = self.runner.decode([r.output_ids[-1] for r in batch], [r.kv for r in batch])
+        self.stats.num_decode_steps += 1
+        self.stats.num_decoded_tokens += len(batch)
+        for request, kv in zip(batch, caches):
+            request.kv = kv
+        tokens, logprobs = self._sample(logits, batch)
+        for request, token, logprob in zip(batch, tokens, logprobs):
+            self._append(request, token, logprob)
+
+    def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
+        specs = [SamplingSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.generator) for r in batch]
+        return self.runner.sample(logits, specs)
+
+    def _append(self, request: Request, token: int, logprob: float) -> None:
+        request.output_ids.append(token)
+        request.output_logprobs.append(logprob)
+        params = request.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.runner.eos_token_ids):
+            self._finish(request, {"type": "stop", "matched": token})
+        elif len(request.output_ids) >= params.max_new_tokens:
+            self._finish(request, {"type": "length", "length": params.max_new_tokens})
+        elif len(request.input_ids) + len(request.output_ids) >= self.runner.context_len:
+            # SGLang clips max_new_tokens to what the context leaves and reports that length.
+            self._finish(request, {"type": "length", "length": len(request.output_ids)})
+
+    def _finish(self, request: Request, reason: dict[str, Any]) -> None:
+        if request in self._running:
+            self._running.remove(request)
+        elif request in self._waiting:
+            self._waiting.remove(request)
+        self._release_kv(request)
+        request.finish_reason = reason
+        request.finished_at = time.monotonic()
+        self.stats.num_finished += 1
+        if reason["type"] == "abort":
+            self.stats.num_aborted += 1
+        try:
+            request.on_finish(request)
+        except Exception:  # a broken callback must not take the scheduler down
+            logger.exception("on_finish callback failed for request %s", request.rid)
+
+    def _release_kv(self, request: Request) -> None:
+        """Hand a leaving sequence's KV to the prefix cache (it covers all_ids[:-1])."""
+        if request.kv is not None:
+            self.prefix_cache.insert(request.all_ids[:-1], request.kv)
+            request.kv = None
+
+
+def _abort_reason(message: str, status_code: int) -> dict[str, Any]:
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": None}

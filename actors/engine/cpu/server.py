@@ -1,0 +1,492 @@
+"""HTTP routes of the embedded CPU engine: SGLang's native API over the scheduler.
+
+`python -m actors.engine.cpu --model-path DIR [--host 127.0.0.1] [--port N]` serves an
+HF-format causal LM on CPU with the endpoints, request and response shapes of SGLang's
+http_server (the subset slime-async relies on, see DESIGN.md "Engines"). This module only
+parses, validates and shapes JSON; batching lives in scheduler.py and the model in
+model_runner.py. Bad input is answered with HTTP 400 and `{"error": {"message": ...}}` as
+SGLang does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+import torch.distributed as dist
+from aiohttp import web
+
+from actors.engine.cpu.config import EngineArgs, ModelDirError, parse_args
+from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
+from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
+from actors.engine.cpu.scheduler import PAUSE_MODES, Request, Scheduler, SchedulerConfig
+from slime_async.weight_group import destroy_custom_process_group, init_custom_process_group
+
+logger = logging.getLogger("cpu_engine")
+
+VERSION = "slime-async-cpu-engine/0.1"
+HEALTH_CHECK_TIMEOUT_S = 20.0
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return _json({"error": {"message": message}}, status=status)
+
+
+class EngineServer:
+    """Routes of one engine; owns the scheduler and the weight-update groups."""
+
+    def __init__(self, args: EngineArgs, runner: ModelRunner, tokenizer: Any | None) -> None:
+        self.args = args
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.model_path = runner.model_path
+        self.weight_version = args.weight_version
+        self.scheduler = Scheduler(
+            runner,
+            SchedulerConfig(
+                max_running_requests=args.max_running_requests,
+                max_total_tokens=args.max_total_tokens,
+                prefix_cache_max_tokens=args.prefix_cache_max_tokens,
+            ),
+        )
+        self.groups: dict[str, dist.ProcessGroup] = {}
+        # Weight updates are serialised: two concurrent swaps would interleave staging.
+        self._update_lock = asyncio.Lock()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.add_routes(
+            [
+                web.post("/generate", self.generate),
+                web.put("/generate", self.generate),
+                web.get("/health", self.health),
+                web.get("/health_generate", self.health_generate),
+                web.get("/get_model_info", self.get_model_info),
+                web.get("/model_info", self.get_model_info),
+                web.get("/get_server_info", self.get_server_info),
+                web.get("/server_info", self.get_server_info),
+                web.get("/get_weight_version", self.get_weight_version),
+                web.get("/v1/loads", self.v1_loads),
+                web.get("/get_load", self.get_load),
+                web.get("/flush_cache", self.flush_cache),
+                web.post("/flush_cache", self.flush_cache),
+                web.post("/abort_request", self.abort_request),
+                web.post("/pause_generation", self.pause_generation),
+                web.post("/continue_generation", self.continue_generation),
+                web.post("/update_weights_from_disk", self.update_weights_from_disk),
+                web.post("/init_weights_update_group", self.init_weights_update_group),
+                web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
+                web.post("/destroy_weights_update_group", self.destroy_weights_update_group),
+                web.post("/update_weight_version", self.update_weight_version),
+            ]
+        )
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        self.scheduler.start()
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        await asyncio.to_thread(self.scheduler.stop)
+        for group in self.groups.values():
+            destroy_custom_process_group(group)
+        self.groups.clear()
+
+    async def _control(self, fn: Any) -> Any:
+        return await asyncio.wrap_future(self.scheduler.call(fn))
+
+    # ---- generation ---------------------------------------------------------------------
+
+    async def generate(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request)
+            items, is_batch = parse_generate(body, self.runner.vocab_size, self.runner.context_len, self.tokenizer)
+        except BadRequest as exc:
+            return _error(str(exc))
+        started = time.monotonic()
+        try:
+            finished = await asyncio.gather(*(self._run(item) for item in items))
+        except asyncio.CancelledError:
+            # The client went away: stop spending compute on its requests, as SGLang does.
+            rids = [item.rid for item in items]
+            self.scheduler.call(lambda: [self.scheduler.abort(rid) for rid in rids])
+            raise
+        outputs = [generate_output(req, self.weight_version, started, self.tokenizer) for req in finished]
+        return _json(outputs if is_batch else outputs[0])
+
+    def _run(self, item: GenerateItem) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def on_finish(req: Request) -> None:  # scheduler thread
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(req))
+
+        self.scheduler.submit(Request(item.rid, item.input_ids, item.params, item.return_logprob, on_finish))
+        return future
+
+    # ---- health and discovery -----------------------------------------------------------
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def health_generate(self, _request: web.Request) -> web.Response:
+        loads = await self._control(self.scheduler.loads)
+        if loads["num_running_reqs"] or loads["paused"]:
+            return web.Response(status=200)  # busy means alive; do not queue behind the batch
+        item = GenerateItem(
+            f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], SamplingParams(temperature=0.0, max_new_tokens=1), False
+        )
+        try:
+            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S):
+                req = await self._run(item)
+        except TimeoutError:
+            return web.Response(status=503)
+        return web.Response(status=200 if len(req.output_ids) == 1 else 503)
+
+    async def get_model_info(self, _request: web.Request) -> web.Response:
+        return _json(
+            {
+                "model_path": self.model_path,
+                "tokenizer_path": self.runner.model_path if self.tokenizer is not None else None,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": self.weight_version,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": getattr(self.runner.config, "model_type", None),
+                "architectures": getattr(self.runner.config, "architectures", None),
+            }
+        )
+
+    async def get_server_info(self, _request: web.Request) -> web.Response:
+        stats = await self._control(lambda: dict(vars(self.scheduler.stats)))
+        return _json(
+            {
+                "model_path": self.model_path,
+                "tokenizer_path": self.runner.model_path,
+                "host": self.args.host,
+                "port": self.args.port,
+                "tp_size": 1,
+                "dp_size": 1,
+                "pp_size": 1,
+                "dtype": self.args.dtype,
+                "random_seed": self.args.seed,
+                "max_running_requests": self.args.max_running_requests,
+                "max_total_num_tokens": self.args.max_total_tokens,
+                "context_length": self.runner.context_len,
+                "weight_version": self.weight_version,
+                "engine": "cpu",
+                "internal_states": [stats],
+                "version": VERSION,
+            }
+        )
+
+    async def get_weight_version(self, _request: web.Request) -> web.Response:
+        return _json({"weight_version": self.weight_version})
+
+    async def v1_loads(self, _request: web.Request) -> web.Response:
+        load = await self._control(self.scheduler.loads)
+        stats = self.scheduler.stats
+        entry = {
+            "dp_rank": 0,
+            "num_running_reqs": load["num_running_reqs"],
+            "num_waiting_reqs": load["num_waiting_reqs"],
+            "num_used_tokens": load["num_used_tokens"],
+            "max_total_num_tokens": load["max_total_num_tokens"],
+            "max_running_requests": load["max_running_requests"],
+            "token_usage": load["token_usage"],
+            "gen_throughput": 0.0,
+            "cache_hit_rate": round(stats.cache_hit_tokens / stats.prompt_tokens, 4) if stats.prompt_tokens else 0.0,
+            "utilization": round(load["num_running_reqs"] / load["max_running_requests"], 4),
+        }
+        entry["num_total_reqs"] = entry["num_running_reqs"] + entry["num_waiting_reqs"]
+        return _json(
+            {
+                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "version": VERSION,
+                "dp_rank_count": 1,
+                "loads": [entry],
+                "aggregate": {
+                    "total_running_reqs": entry["num_running_reqs"],
+                    "total_waiting_reqs": entry["num_waiting_reqs"],
+                    "total_reqs": entry["num_total_reqs"],
+                    "avg_token_usage": entry["token_usage"],
+                    "avg_throughput": 0.0,
+                    "avg_utilization": entry["utilization"],
+                },
+            }
+        )
+
+    async def get_load(self, _request: web.Request) -> web.Response:
+        load = await self._control(self.scheduler.loads)
+        return _json(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
+                    "num_waiting_reqs": load["num_waiting_reqs"],
+                    "num_tokens": load["num_used_tokens"],
+                }
+            ]
+        )
+
+    # ---- control ------------------------------------------------------------------------
+
+    async def flush_cache(self, _request: web.Request) -> web.Response:
+        # Unlike a GPU radix cache, flushing here never touches running sequences (they own
+        # their KV), so it is always safe and always performed.
+        await self._control(self.scheduler.flush_cache)
+        return web.Response(text="Cache flushed.\n", status=200)
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request, allow_empty=True) or {}
+        except BadRequest as exc:
+            return _error(str(exc))
+        rid, abort_all = body.get("rid") or None, bool(body.get("abort_all", False))
+        if rid is None and not abort_all:
+            return _error("abort_request needs rid or abort_all=true")
+        rids = rid if isinstance(rid, list) else [rid]
+        await self._control(lambda: [self.scheduler.abort(r, abort_all) for r in rids])
+        return web.Response(status=200)
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request, allow_empty=True) or {}
+        except BadRequest as exc:
+            return _error(str(exc))
+        mode = body.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            return _error(f"Invalid mode: {mode!r}. Expected one of {list(PAUSE_MODES)}.")
+        await self._control(lambda: self.scheduler.pause(mode))
+        return _json({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, _request: web.Request) -> web.Response:
+        await self._control(self.scheduler.resume)
+        return _json({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request)
+            new_version = _require(body, "new_version", str)
+        except BadRequest as exc:
+            return _json({"success": False, "message": str(exc)}, status=400)
+        if body.get("abort_all_requests", True):
+            await self._control(lambda: self.scheduler.abort(abort_all=True))
+        self.weight_version = new_version
+        return _json(
+            {"success": True, "message": f"Weight version updated to {new_version}", "new_version": new_version}
+        )
+
+    # ---- weight updates -----------------------------------------------------------------
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request)
+            model_path = _require(body, "model_path", str)
+        except BadRequest as exc:
+            return _json({"success": False, "message": str(exc), "num_paused_requests": 0}, status=400)
+        async with self._update_lock:
+            try:
+                # Read and check everything first; the swap below cannot fail half-way.
+                staged = await asyncio.to_thread(self.runner.stage_from_disk, model_path)
+            except WeightUpdateError as exc:
+                return _json(
+                    {"success": False, "message": f"Failed to update weights: {exc}", "num_paused_requests": 0},
+                    status=400,
+                )
+            await self._swap(staged, body)
+            self.model_path = model_path
+        message = "Succeeded to update model weights."
+        return _json({"success": True, "message": self._versioned(message, body), "num_paused_requests": 0})
+
+    async def init_weights_update_group(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request)
+            address = _require(body, "master_address", str)
+            port = _require(body, "master_port", int)
+            rank_offset = _require(body, "rank_offset", int)
+            world_size = _require(body, "world_size", int)
+        except BadRequest as exc:
+            return _json({"success": False, "message": str(exc)}, status=400)
+        group_name = body.get("group_name", "weight_update_group")
+        backend = body.get("backend", "gloo")
+        if backend != "gloo":
+            return _json(
+                {"success": False, "message": f"the CPU engine only supports backend 'gloo', got {backend!r}"},
+                status=400,
+            )
+        if group_name in self.groups:
+            return _json({"success": False, "message": f"group {group_name!r} already exists"}, status=400)
+        try:
+            group = await asyncio.to_thread(
+                init_custom_process_group, backend, f"tcp://{address}:{port}", world_size, rank_offset, group_name
+            )
+        except Exception as exc:  # rendezvous failures come as several error types
+            return _json(
+                {"success": False, "message": f"Failed to init group {group_name!r} at {address}:{port}: {exc}"},
+                status=400,
+            )
+        self.groups[group_name] = group
+        return _json({"success": True, "message": "Succeeded to initialize custom process group."})
+
+    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request)
+            names = _require(body, "names", list)
+            dtypes = _require(body, "dtypes", list)
+            shapes = _require(body, "shapes", list)
+        except BadRequest as exc:
+            return _json({"success": False, "message": str(exc)}, status=400)
+        group_name = body.get("group_name", "weight_update_group")
+        group = self.groups.get(group_name)
+        if group is None:
+            return _json(
+                {
+                    "success": False,
+                    "message": f"no weights update group named {group_name!r}; call /init_weights_update_group first",
+                },
+                status=400,
+            )
+        async with self._update_lock:
+            try:
+                self.runner.check_distributed_spec(names, dtypes, shapes)
+                rejection = None
+            except WeightUpdateError as exc:
+                rejection = exc
+            try:
+                buffers = self.runner.receive_buffers(dtypes, shapes)
+                # Receive even a rejected announcement: rank 0 broadcasts regardless, and an
+                # unmatched broadcast would leave the group out of step for the next update.
+                await asyncio.to_thread(_receive_broadcast, group, buffers)
+            except Exception as exc:
+                message = str(rejection or exc)
+                return _json({"success": False, "message": f"Failed to update weights: {message}"}, status=400)
+            if rejection is not None:
+                return _json({"success": False, "message": f"Failed to update weights: {rejection}"}, status=400)
+            await self._swap(dict(zip(names, buffers)), body)
+        message = "Succeeded to update parameter online."
+        return _json({"success": True, "message": self._versioned(message, body)})
+
+    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request, allow_empty=True) or {}
+        except BadRequest as exc:
+            return _json({"success": False, "message": str(exc)}, status=400)
+        group_name = body.get("group_name", "weight_update_group")
+        group = self.groups.pop(group_name, None)
+        if group is None:
+            return _json({"success": False, "message": f"no weights update group named {group_name!r}"}, status=400)
+        await asyncio.to_thread(destroy_custom_process_group, group)
+        return _json({"success": True, "message": "Succeeded to destroy custom process group."})
+
+    async def _swap(self, staged: dict[str, torch.Tensor], body: dict[str, Any]) -> None:
+        if body.get("abort_all_requests", False):
+            await self._control(lambda: self.scheduler.abort(abort_all=True))
+        flush = bool(body.get("flush_cache", True))
+        await self._control(lambda: self.scheduler.swap_weights(staged, flush))
+        if body.get("weight_version") is not None:
+            self.weight_version = str(body["weight_version"])
+
+    @staticmethod
+    def _versioned(message: str, body: dict[str, Any]) -> str:
+        if body.get("weight_version") is not None:
+            return f"{message} Weight version updated to {body['weight_version']}."
+        return message
+
+
+def _receive_broadcast(group: dist.ProcessGroup, buffers: list[torch.Tensor]) -> None:
+    for tensor in buffers:  # in the order of `names`, as the trainer broadcasts them
+        dist.broadcast(tensor, src=0, group=group)
+
+
+async def _read_json(request: web.Request, allow_empty: bool = False) -> Any:
+    raw = await request.read()
+    if not raw.strip():
+        if allow_empty:
+            return None
+        raise BadRequest("request body is empty; expected JSON")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON body: {exc}") from exc
+
+
+def _require(body: Any, key: str, kind: type) -> Any:
+    if not isinstance(body, dict) or key not in body:
+        raise BadRequest(f"missing required field {key!r}")
+    value = body[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BadRequest(f"field {key!r} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _load_tokenizer(model_path: str) -> Any | None:
+    if not (Path(model_path) / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError) as exc:
+        logger.warning("no usable tokenizer in %s (%s); text in/out disabled", model_path, exc)
+        return None
+
+
+async def serve(args: EngineArgs) -> int:
+    runner = await asyncio.to_thread(ModelRunner, args.model_path, getattr(torch, args.dtype), args.seed)
+    tokenizer = await asyncio.to_thread(_load_tokenizer, runner.model_path)
+    server = EngineServer(args, runner, tokenizer)
+    app_runner = web.AppRunner(server.app(), handle_signals=False, access_log=None)
+    await app_runner.setup()
+    site = web.TCPSite(app_runner, args.host, args.port)
+    await site.start()
+    port = app_runner.addresses[0][1]
+    server.args.port = port
+    # The launcher and the test fixture read this line to learn the URL.
+    print(f"cpu engine listening on http://{args.host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await app_runner.cleanup()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the engine until SIGINT/SIGTERM; 2 when the flags or the model dir are wrong."""
+    args = parse_args(argv)
+    try:
+        args.validate()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    torch.set_num_threads(args.num_threads)
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    try:
+        return run(serve(args))
+    except ModelDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

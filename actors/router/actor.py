@@ -1,0 +1,497 @@
+"""RouterActor: sends each generate request to one engine, session-affine and load-aware.
+
+The engine choice is ``policies.routing.choose_engine``; this actor holds what it needs (engine
+health and load, the session table) and does the I/O around it:
+
+- ``generate`` picks an engine, sends the request, and on a connection error marks the engine
+  down and re-sends the request to another one. A response the dead engine had partly
+  generated is lost: the retry generates from the original prompt again.
+- a health loop calls ``/health_generate`` every ``--router-health-interval``; an engine with
+  ``--router-health-failures`` consecutive failures is marked down, and a down engine rejoins
+  when a check succeeds again (and, after a weight sync, when it reports the expected weight
+  version). Sessions bound to a down engine are re-placed when their next request comes.
+- a load loop polls ``/v1/loads`` so load from other clients of an engine counts too.
+- ``pause``/``resume`` bracket a weight update: from ``pause`` until ``resume`` has confirmed
+  an engine's weight version, nothing at all is sent to that engine; requests wait in the router.
+
+Concurrency: handlers run one at a time in the mailbox; request tasks (``defer``) and the
+loops mutate state only in the synchronous stretches between their awaits, which the
+single-threaded event loop serialises just like the mailbox does. That keeps the routing hop a
+plain function call instead of a second mailbox round trip per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import aiohttp
+
+from actors.router.config import RouterConfig
+from actors.router.engine_state import EngineState, Health, reported_load
+from actors.router.sessions import SessionTable
+from policies.routing import RoutingPolicy, choose_engine
+from slime_async.actor import Actor, Deferred
+from slime_async.engine_client import (
+    EngineClient,
+    EngineConnectionError,
+    EngineError,
+    EngineHTTPError,
+    RetryPolicy,
+)
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "drain"]
+
+
+class RouterError(RuntimeError):
+    """A request the router could not serve; the message names the engines it tried."""
+
+
+class NoEngineAvailable(RouterError):
+    """No engine came up within ``--router-no-engine-timeout``."""
+
+
+class RouterActor(Actor):
+    name = "router"
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        engines: Sequence[str] = (),
+        *,
+        api_key: str | None = None,
+        name: str | None = None,
+    ):
+        config.validate()
+        super().__init__(name)
+        self.config = config
+        self.policy = RoutingPolicy(config.router_policy)
+        self._initial_urls = [normalize_url(url) for url in engines]
+        self._api_key = api_key
+        self._engines: dict[str, EngineState] = {}
+        self._sessions = SessionTable(config.router_max_sessions)
+        self._cursor = 0  # requests routed so far (round-robin position)
+        self._counters: Counter[str] = Counter()
+        self._expected_version: str | None = None  # set by resume(); engines must match it
+        self._pause_all = False  # a pause of every engine also holds engines that join meanwhile
+        self._changed = asyncio.Event()
+        self._http: aiohttp.ClientSession | None = None
+
+    # ----- lifecycle -------------------------------------------------------------------------
+    async def on_start(self) -> None:
+        # One connection pool for every engine; no pool limit because the engines' own
+        # schedulers bound concurrency, and a pool limit would queue requests invisibly.
+        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        for url in self._initial_urls:
+            self._add(url, Health.UP)
+        self.spawn(self._health_loop(), name=f"{self.name}:health")
+        if self.config.router_load_interval > 0:
+            self.spawn(self._load_loop(), name=f"{self.name}:loads")
+
+    async def on_stop(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+    # ----- handlers: requests ----------------------------------------------------------------
+    def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        session_id: str | None = None,
+        rid: str | None = None,
+        return_logprob: bool = True,
+    ) -> Deferred:
+        """Generate on one engine; returns SGLang's response dict plus ``engine_url``."""
+        if input_ids and isinstance(input_ids[0], list):
+            raise ValueError("router.generate takes one prompt (a list of token ids), not a batch")
+        return self.defer(self._serve(input_ids, sampling_params, session_id, rid, return_logprob))
+
+    def end_session(self, session_id: str) -> None:
+        """Forget a finished session (its affinity is no longer worth anything)."""
+        self._sessions.forget(session_id)
+
+    # ----- handlers: weight sync -------------------------------------------------------------
+    def pause(self, mode: PauseMode = "abort", urls: Sequence[str] | None = None) -> Deferred:
+        """Stop dispatching to ``urls`` (all engines by default) and return once nothing of
+        ours runs on them: ``abort`` aborts in-flight requests (they return to their callers
+        with finish_reason abort and the tokens so far), ``drain`` lets them finish. New
+        requests wait in the router until ``resume``."""
+        if mode not in ("abort", "drain"):
+            raise ValueError(f"router.pause: mode must be 'abort' or 'drain', got {mode!r}")
+        targets = self._select(urls)
+        if urls is None:
+            self._pause_all = True
+        for engine in targets:
+            engine.paused = True
+        return self.defer(self._quiesce(targets, mode))
+
+    def resume(self, expected_version: str | int | None, urls: Sequence[str] | None = None) -> Deferred:
+        """Confirm each paused engine in ``urls`` reports ``weight_version == expected_version``
+        and route to it again; an engine that mismatches is kept out as ``stale`` (it rejoins
+        when it reports the version), one that does not answer is marked down.
+        Returns ``{url: state}``."""
+        targets = self._select(urls)
+        if urls is None:
+            self._pause_all = False
+        if expected_version is not None:
+            self._expected_version = str(expected_version)
+        return self.defer(self._confirm(targets, expected_version is not None))
+
+    # ----- handlers: membership and state ------------------------------------------------------
+    def register_engine(self, url: str) -> Deferred:
+        """Add an engine, or re-check a known one (e.g. restarted by its supervisor); it is
+        routed to once it passes a health check (and the weight-version check after a sync).
+        Returns its description."""
+        url = normalize_url(url)
+        engine = self._engines.get(url)
+        if engine is None:
+            engine = self._add(url, Health.DOWN, reason="registered, not yet checked")
+            engine.paused = self._pause_all
+        return self.defer(self._admit(engine))
+
+    def remove_engine(self, url: str) -> dict[str, Any]:
+        """Stop routing to ``url``; its requests in flight finish, its sessions are re-placed."""
+        url = normalize_url(url)
+        engine = self._engines.pop(url, None)
+        if engine is None:
+            raise KeyError(f"router: no engine {url} (known: {sorted(self._engines)})")
+        log.info("router: removed engine %s", url)
+        self._notify()  # drain waiters may be waiting on it
+        return engine.describe()
+
+    def engines(self) -> list[dict[str, Any]]:
+        """Every engine: url, state (up / down / stale / paused), load and counters."""
+        return [engine.describe() for engine in self._engines.values()]
+
+    def metrics(self) -> dict[str, float]:
+        """``router/*`` scalars for the monitor (cumulative counters and current gauges)."""
+        out: dict[str, float] = {}
+        prompt = cached = 0
+        for engine in self._engines.values():
+            tag = f"router/{engine_tag(engine.url)}"
+            out[f"{tag}/requests"] = engine.requests
+            out[f"{tag}/in_flight"] = engine.in_flight
+            out[f"{tag}/load"] = engine.load
+            out[f"{tag}/errors"] = engine.errors
+            out[f"{tag}/up"] = float(engine.routable)
+            out[f"{tag}/sessions"] = self._sessions.bound[engine.url]
+            out[f"{tag}/sessions_moved_out"] = self._counters[f"moved_out:{engine.url}"]
+            out[f"{tag}/prefix_cache_hit_rate"] = _ratio(engine.cached_tokens, engine.prompt_tokens)
+            prompt += engine.prompt_tokens
+            cached += engine.cached_tokens
+        engines = self._engines.values()
+        out["router/requests"] = sum(engine.requests for engine in engines)
+        out["router/in_flight"] = sum(engine.in_flight for engine in engines)
+        out["router/errors"] = sum(engine.errors for engine in engines)
+        out["router/engines_up"] = sum(engine.routable for engine in engines)
+        out["router/sessions"] = len(self._sessions)
+        out["router/session_moves"] = self._counters["session_moves"]
+        out["router/retries"] = self._counters["retries"]
+        out["router/engine_down_events"] = self._counters["engine_down"]
+        out["router/prefix_cache_hit_rate"] = _ratio(cached, prompt)
+        return out
+
+    # ----- request path ------------------------------------------------------------------------
+    async def _serve(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        session_id: str | None,
+        rid: str | None,
+        return_logprob: bool,
+    ) -> dict[str, Any]:
+        retries_left = self.config.router_request_retries
+        failures: list[str] = []
+        while True:
+            engine = self._pick(session_id) or await self._wait_for_engine(session_id)
+            engine.in_flight += 1
+            try:
+                response = await engine.client.generate(
+                    input_ids,
+                    sampling_params,
+                    return_logprob=return_logprob,
+                    rid=rid,
+                    timeout=self.config.router_request_timeout,
+                )
+            except EngineConnectionError as error:
+                engine.errors += 1
+                self._mark_down(engine, str(error))
+                failures.append(str(error))
+                if retries_left == 0:
+                    raise RouterError(
+                        f"router: request failed on {len(failures)} engine(s) "
+                        f"(--router-request-retries {self.config.router_request_retries}): "
+                        + "; ".join(failures)
+                    ) from error
+                retries_left -= 1
+                self._counters["retries"] += 1
+                continue
+            except EngineError:
+                engine.errors += 1
+                raise
+            finally:
+                engine.in_flight -= 1
+                if engine.paused:
+                    self._notify()  # a pause may be waiting for this engine to go quiet
+            self._record(engine, response)
+            response["engine_url"] = engine.url
+            return response
+
+    def _pick(self, session_id: str | None) -> EngineState | None:
+        """Choose and bind an engine now, or None when no engine is routable."""
+        loads = {url: engine.load for url, engine in self._engines.items() if engine.routable}
+        if not loads:
+            return None
+        route = choose_engine(
+            self.policy,
+            session_id,
+            loads,
+            self._sessions,
+            imbalance_threshold=self.config.router_imbalance_threshold,
+            bound=self._sessions.bound,
+            cursor=self._cursor,
+        )
+        self._cursor += 1
+        self._counters[f"reason:{route.reason.value}"] += 1
+        if session_id is not None:
+            self._sessions.bind(session_id, route.engine)
+        if route.moved:
+            self._counters["session_moves"] += 1
+            self._counters[f"moved_out:{route.previous}"] += 1
+        return self._engines[route.engine]
+
+    async def _wait_for_engine(self, session_id: str | None) -> EngineState:
+        """Wait until an engine is routable: without limit while a weight sync holds engines
+        paused, else at most ``--router-no-engine-timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while True:
+            engine = self._pick(session_id)
+            if engine is not None:
+                return engine
+            if any(engine.paused for engine in self._engines.values()):
+                deadline, remaining = None, None
+            else:
+                if deadline is None:
+                    deadline = loop.time() + self.config.router_no_engine_timeout
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    states = ", ".join(f"{e.url}: {e.state} {e.down_reason}".strip() for e in self._engines.values())
+                    raise NoEngineAvailable(
+                        f"router: no healthy engine for {self.config.router_no_engine_timeout:g} s "
+                        f"(--router-no-engine-timeout); engines: {states or 'none registered'}"
+                    )
+            await self._next_change(remaining)
+
+    def _record(self, engine: EngineState, response: dict[str, Any]) -> None:
+        engine.requests += 1
+        meta = response.get("meta_info") or {}
+        engine.prompt_tokens += int(meta.get("prompt_tokens") or 0)
+        engine.cached_tokens += int(meta.get("cached_tokens") or 0)
+        version = meta.get("weight_version")
+        if version is None:
+            return
+        engine.weight_version = str(version)
+        # An engine restarted between two health checks comes back with its initial weights;
+        # its first answer gives it away.
+        if self._expected_version is not None and engine.weight_version != self._expected_version:
+            self._mark_stale(engine, engine.weight_version)
+
+    # ----- weight sync ----------------------------------------------------------------------------
+    async def _quiesce(self, targets: list[EngineState], mode: PauseMode) -> dict[str, str]:
+        interval = self.config.router_abort_interval
+        while True:
+            busy = [engine for engine in targets if engine.in_flight and engine.url in self._engines]
+            if not busy:
+                return {engine.url: engine.state for engine in targets}
+            if mode == "abort":
+                # Repeated: a request sent just before the pause may reach the engine after
+                # the first abort_all.
+                await asyncio.gather(*(self._abort_all(engine) for engine in busy))
+            await self._next_change(interval if mode == "abort" else None)
+
+    async def _abort_all(self, engine: EngineState) -> None:
+        try:
+            await engine.client.abort_request(abort_all=True)
+        except EngineError as error:
+            # A dead engine's requests fail with connection errors instead; nothing to do.
+            log.warning("router: abort on %s failed: %s", engine.url, error)
+
+    async def _confirm(self, targets: list[EngineState], check_version: bool) -> dict[str, str]:
+        versions = await asyncio.gather(
+            *(self._weight_version(engine) for engine in targets if check_version), return_exceptions=True
+        )
+        for index, engine in enumerate(targets):
+            engine.paused = False
+            if not check_version:
+                continue
+            version = versions[index]
+            if isinstance(version, BaseException):
+                self._mark_down(engine, f"weight version check failed: {version}")
+            elif version != self._expected_version:
+                self._mark_stale(engine, version)
+            else:
+                engine.weight_version = version
+                self._mark_up(engine)
+        self._notify()
+        return {engine.url: engine.state for engine in targets}
+
+    async def _weight_version(self, engine: EngineState) -> str | None:
+        try:
+            version = await engine.client.get_weight_version()
+        except EngineHTTPError as error:
+            if error.status != 404:
+                raise
+            # Engines without /get_weight_version report it in /get_model_info.
+            info = await engine.client.get_model_info()
+            version = info.get("weight_version")
+        return None if version is None else str(version)
+
+    # ----- health ---------------------------------------------------------------------------------
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.router_health_interval)
+            checked = [engine for engine in self._engines.values() if not engine.paused]
+            await asyncio.gather(*(self._check(engine) for engine in checked))
+
+    async def _check(self, engine: EngineState) -> None:
+        ok = await engine.client.health_generate(timeout=self.config.router_health_timeout)
+        if engine.paused or self._engines.get(engine.url) is not engine:
+            return  # paused or removed meanwhile: the answer no longer matters
+        if not ok:
+            engine.health_failures += 1
+            if engine.health is Health.UP and engine.health_failures >= self.config.router_health_failures:
+                self._mark_down(engine, f"{engine.health_failures} failed health checks")
+            return
+        engine.health_failures = 0
+        if engine.health is not Health.UP or self._expected_version is not None:
+            await self._verify_and_admit(engine)
+
+    async def _admit(self, engine: EngineState) -> dict[str, Any]:
+        if not engine.paused:
+            if await engine.client.health_generate(timeout=self.config.router_health_timeout):
+                engine.health_failures = 0
+                await self._verify_and_admit(engine)
+            else:
+                self._mark_down(engine, "failed its health check at registration")
+        return engine.describe()
+
+    async def _verify_and_admit(self, engine: EngineState) -> None:
+        """Route to a healthy engine again, if its weights are the expected ones."""
+        if self._expected_version is not None:
+            try:
+                version = await self._weight_version(engine)
+            except EngineError as error:
+                log.warning("router: %s is healthy but its weight version is unknown: %s", engine.url, error)
+                return
+            if engine.paused or self._engines.get(engine.url) is not engine:
+                return
+            engine.weight_version = version
+            if version != self._expected_version:
+                self._mark_stale(engine, version)
+                return
+        self._mark_up(engine)
+
+    async def _load_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.router_load_interval)
+            polled = [engine for engine in self._engines.values() if engine.routable and engine.loads_supported]
+            await asyncio.gather(*(self._poll_load(engine) for engine in polled))
+
+    async def _poll_load(self, engine: EngineState) -> None:
+        try:
+            total = reported_load(await engine.client.get_loads(timeout=self.config.router_health_timeout))
+        except EngineHTTPError as error:
+            if error.status == 404:
+                log.info("router: %s has no /v1/loads; counting only the router's own requests", engine.url)
+                engine.loads_supported = False
+            return
+        except EngineError:
+            return  # the health loop deals with unreachable engines
+        except ValueError as error:
+            log.warning("router: ignoring /v1/loads of %s: %s", engine.url, error)
+            engine.loads_supported = False
+            return
+        # The engine's count includes our own requests; what is beyond them is other traffic.
+        engine.external_load = max(0.0, total - engine.in_flight)
+
+    # ----- state changes --------------------------------------------------------------------------
+    def _add(self, url: str, health: Health, reason: str = "") -> EngineState:
+        client = EngineClient(
+            url,
+            session=self._http,
+            api_key=self._api_key,
+            # One attempt: the router itself fails over to another engine, at once.
+            retry=RetryPolicy(attempts=1),
+        )
+        engine = EngineState(url=url, client=client, health=health, down_reason=reason)
+        self._engines[url] = engine
+        log.info("router: engine %s registered (%s)", url, engine.state)
+        return engine
+
+    def _mark_up(self, engine: EngineState) -> None:
+        if engine.health is not Health.UP:
+            log.info("router: engine %s is up again", engine.url)
+        engine.health = Health.UP
+        engine.down_reason = ""
+        engine.external_load = 0.0
+        self._notify()
+
+    def _mark_down(self, engine: EngineState, reason: str) -> None:
+        if engine.health is Health.UP:
+            log.warning("router: engine %s marked down: %s", engine.url, reason)
+            self._counters["engine_down"] += 1
+        engine.health = Health.DOWN
+        engine.down_reason = reason
+
+    def _mark_stale(self, engine: EngineState, version: str | None) -> None:
+        if engine.health is not Health.STALE:
+            log.error(
+                "router: engine %s reports weight_version %s, expected %s: not routed until it matches",
+                engine.url, version, self._expected_version,
+            )
+        engine.health = Health.STALE
+        engine.down_reason = f"weight_version {version}, expected {self._expected_version}"
+
+    def _select(self, urls: Sequence[str] | None) -> list[EngineState]:
+        if urls is None:
+            return list(self._engines.values())
+        selected = []
+        for url in urls:
+            engine = self._engines.get(normalize_url(url))
+            if engine is None:
+                raise KeyError(f"router: no engine {url} (known: {sorted(self._engines)})")
+            selected.append(engine)
+        return selected
+
+    def _notify(self) -> None:
+        """Wake everything waiting for an engine to become routable or quiet."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _next_change(self, timeout: float | None) -> None:
+        changed = self._changed
+        try:
+            async with asyncio.timeout(timeout):
+                await changed.wait()
+        except TimeoutError:
+            pass
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    return url if "://" in url else f"http://{url}"
+
+
+def engine_tag(url: str) -> str:
+    """``http://127.0.0.1:30001`` -> ``127.0.0.1:30001`` for metric names."""
+    return url.split("://", 1)[-1]
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else 0.0

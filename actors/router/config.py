@@ -1,0 +1,69 @@
+"""`--router-*` flags: how the router picks engines, checks their health and retries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+RouterPolicyName = Literal["sticky", "consistent_hash", "least_loaded", "round_robin"]
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class RouterConfig:
+    router_policy: RouterPolicyName = field(default="sticky", metadata=_help(
+        "engine choice per request: sticky keeps a session on its engine (prefix-cache reuse) "
+        "and moves it when that engine is overloaded; consistent_hash, least_loaded, round_robin"))
+    router_imbalance_threshold: float = field(default=4.0, metadata=_help(
+        "sticky: move a session when its engine's load (requests in flight) exceeds the "
+        "least-loaded engine's by more than this"))
+    router_health_interval: float = field(default=5.0, metadata=_help(
+        "seconds between /health_generate checks of every engine"))
+    router_health_timeout: float = field(default=10.0, metadata=_help(
+        "seconds one /health_generate check may take before it counts as failed"))
+    router_health_failures: int = field(default=3, metadata=_help(
+        "consecutive failed health checks after which an engine is marked down"))
+    router_load_interval: float = field(default=1.0, metadata=_help(
+        "seconds between /v1/loads polls (load the engine has from other clients); 0 = only "
+        "count the router's own in-flight requests"))
+    router_request_retries: int = field(default=2, metadata=_help(
+        "times a request is re-sent to another engine after a connection error"))
+    router_request_timeout: float | None = field(default=None, metadata=_help(
+        "seconds one /generate call may take (none = the engine client's default)"))
+    router_no_engine_timeout: float = field(default=120.0, metadata=_help(
+        "seconds a request waits for a healthy engine when all are down before it fails "
+        "(waiting during a weight-sync pause is not limited)"))
+    router_max_sessions: int = field(default=100_000, metadata=_help(
+        "sessions remembered for affinity; the least recently used are forgotten beyond this"))
+    router_abort_interval: float = field(default=0.5, metadata=_help(
+        "pause(abort): seconds between repeated abort_all calls while requests still run"))
+
+    def validate(self) -> None:
+        checks = [
+            (self.router_imbalance_threshold >= 0, "--router-imbalance-threshold must be >= 0"),
+            (self.router_health_interval > 0, "--router-health-interval must be > 0"),
+            (self.router_health_timeout > 0, "--router-health-timeout must be > 0"),
+            (self.router_health_failures >= 1, "--router-health-failures must be >= 1"),
+            (self.router_load_interval >= 0, "--router-load-interval must be >= 0"),
+            (self.router_request_retries >= 0, "--router-request-retries must be >= 0"),
+            (self.router_request_timeout is None or self.router_request_timeout > 0,
+             "--router-request-timeout must be > 0 or none"),
+            (self.router_no_engine_timeout > 0, "--router-no-engine-timeout must be > 0"),
+            (self.router_max_sessions >= 1, "--router-max-sessions must be >= 1"),
+            (self.router_abort_interval > 0, "--router-abort-interval must be > 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"{message} (got {self._value_for(message)})")
+        if self.router_policy not in ("sticky", "consistent_hash", "least_loaded", "round_robin"):
+            raise ValueError(
+                f"--router-policy must be sticky, consistent_hash, least_loaded or round_robin, "
+                f"got {self.router_policy!r}"
+            )
+
+    def _value_for(self, message: str) -> object:
+        flag = message.split()[0].lstrip("-").replace("-", "_")
+        return getattr(self, flag)

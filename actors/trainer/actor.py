@@ -1,0 +1,355 @@
+"""`TrainerActor`: the supervisor's handle on the torchrun group of Megatron ranks.
+
+It owns the torchrun process (a `ProcessChild`) and the RPC bridge. Every operation is sent
+to all ranks (SPMD), each with its DP shard, and awaited without blocking the event loop.
+Operations are serialised by a lock: collectives must be issued in the same order on every
+rank, and two concurrent ops could reach two ranks in different orders.
+
+Failure: a watcher polls the ranks' pids and the torchrun process. When a rank dies, every
+pending call fails at once with `TrainerRankDied` (rank, pid, log tail) and the actor fails
+with it, which is how its supervisor learns of it.
+
+Call the handlers through ``ask`` with a timeout fit for the work (``timeout=None`` for
+training); they answer through ``defer``, so the mailbox stays free meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from actors.trainer import worker
+from actors.trainer.config import TrainerConfig
+from actors.trainer.dp_split import split_across_dp
+from actors.trainer.protocol import RankInfo, SampleLogprobs, TensorMeta, WeightGroupSpec
+from policies.loss_spec import LossSpec
+from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
+from slime_async.batch import Batch
+from slime_async.process import ProcessChild, ProcessExited, ProcessSpec, log_tail
+from slime_async.rpc import RpcBridge, RpcError
+
+log = logging.getLogger(__name__)
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# How long to let torchrun write its failure summary after a rank died, before reporting.
+_DEATH_REPORT_GRACE = 5.0
+_WATCH_INTERVAL = 0.2
+
+
+class TrainerRankDied(RuntimeError):
+    def __init__(self, rank: int | None, pid: int | None, log_path: Path, tail: str, detail: str = ""):
+        who = f"trainer rank {rank} (pid {pid})" if rank is not None else "the trainer (torchrun)"
+        super().__init__(f"{who} died{': ' + detail if detail else ''}; last lines of {log_path}:\n{tail}")
+        self.rank = rank
+        self.pid = pid
+        self.log_path = log_path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class TrainerActor(Actor):
+    def __init__(self, config: TrainerConfig, log_dir: str | Path, name: str = "trainer"):
+        super().__init__(name)
+        self.config = config.validate()
+        self.log_dir = Path(log_dir)
+        self.num_ranks = config.num_ranks(torch.cuda.is_available()) * config.actor_num_nodes
+        self.ranks: list[RankInfo] = []
+        self.child_ref: ActorRef | None = None
+        self.bridge: RpcBridge | None = None
+        self._op_lock = asyncio.Lock()
+        self._death: TrainerRankDied | None = None
+        self._died = asyncio.Event()
+
+    # ----- lifecycle -------------------------------------------------------------------------
+    def _spec(self, rpc_port: int) -> ProcessSpec:
+        config_path = self.log_dir / f"{self.name}_config.json"
+        config_path.write_text(self.config.to_json())
+        argv = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", str(self.config.actor_num_nodes),
+            "--nproc-per-node", str(self.config.num_ranks(torch.cuda.is_available())),
+            "--master-addr", "127.0.0.1",
+            "--master-port", str(self.config.master_port or free_port()),
+            "-m", "actors.trainer.worker",
+            "--rpc-init-method", f"tcp://127.0.0.1:{rpc_port}",
+            "--rpc-world-size", str(self.num_ranks + 1),
+            "--config-json", str(config_path),
+            "--rpc-timeout", str(self.config.trainer_start_timeout),
+        ]
+        pythonpath = os.pathsep.join(p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        return ProcessSpec(name=f"{self.name}-torchrun", argv=argv, env={"PYTHONPATH": pythonpath}, cwd=str(_REPO_ROOT))
+
+    async def on_start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        rpc_port = free_port()
+        self.child_ref = await spawn(ProcessChild(self._spec(rpc_port), self.log_dir))
+        self.bridge = RpcBridge(
+            f"tcp://127.0.0.1:{rpc_port}", self.num_ranks + 1, start_timeout=self.config.trainer_start_timeout
+        )
+        try:
+            joined = asyncio.ensure_future(self.bridge.start())
+            exited = asyncio.ensure_future(self.child_ref.wait())
+            async with asyncio.timeout(self.config.trainer_start_timeout):
+                await asyncio.wait([joined, exited], return_when=asyncio.FIRST_COMPLETED)
+            if not joined.done():
+                exited.result()  # raises the torchrun failure (with its log tail)
+                raise RuntimeError(f"torchrun exited before the trainer ranks joined; see {self.child.log_path}")
+            exited.cancel()
+            joined.result()
+            infos = await asyncio.gather(*(self._call(r, "info") for r in range(self.num_ranks)))
+        except BaseException as error:
+            await self._teardown(graceful=False)
+            if isinstance(error, TimeoutError):
+                raise TimeoutError(
+                    f"trainer ranks did not start within --trainer-start-timeout "
+                    f"{self.config.trainer_start_timeout:g} s; last lines of {self.child.log_path}:\n"
+                    f"{log_tail(self.child.log_path)}"
+                ) from None
+            if isinstance(error, ActorFailed):
+                raise error.error from None
+            raise
+        self.ranks = sorted(infos, key=lambda info: info.rank)
+        log.info("trainer ready: %d ranks, dp=%d tp=%d pp=%d", self.num_ranks, self.dp_size, self.ranks[0].tp_size, self.ranks[0].pp_size)
+        self.spawn(self._watch(), name=f"{self.name}:watch")
+
+    @property
+    def child(self) -> ProcessChild:
+        assert self.child_ref is not None
+        return self.child_ref.actor  # type: ignore[return-value]
+
+    @property
+    def dp_size(self) -> int:
+        return self.ranks[0].dp_size
+
+    @property
+    def rank_pids(self) -> list[int]:
+        return [info.pid for info in self.ranks]
+
+    async def _watch(self) -> None:
+        """Fail the actor (and every pending call) as soon as a rank or torchrun is gone."""
+        exited = asyncio.ensure_future(self.child_ref.wait())
+        try:
+            while True:
+                dead = [info for info in self.ranks if not _pid_alive(info.pid)]
+                if dead or exited.done():
+                    break
+                await asyncio.wait([exited], timeout=_WATCH_INTERVAL)
+            if dead and not exited.done():
+                # torchrun notices too and prints which rank failed and how; give it a moment.
+                await asyncio.wait([exited], timeout=_DEATH_REPORT_GRACE)
+        finally:
+            if not exited.done():
+                exited.cancel()
+        detail = ""
+        if exited.done() and not exited.cancelled() and exited.exception() is not None:
+            error = exited.exception()
+            cause = error.error if isinstance(error, ActorFailed) else error
+            if isinstance(cause, ProcessExited):
+                detail = f"torchrun exited with code {cause.returncode}"
+        first = dead[0] if dead else None
+        death = TrainerRankDied(
+            first.rank if first else None, first.pid if first else None,
+            self.child.log_path, log_tail(self.child.log_path, 30), detail,
+        )
+        self._death = death
+        self._died.set()
+        if self.bridge is not None:
+            self.bridge.fail_pending(death)
+        raise death
+
+    async def on_stop(self) -> None:
+        await self._teardown(graceful=self._death is None)
+
+    async def _teardown(self, graceful: bool) -> None:
+        bridge, self.bridge = self.bridge, None
+        if bridge is not None and bridge.started:
+            acknowledged = False
+            if graceful and self.ranks:
+                try:
+                    async with asyncio.timeout(worker.SHUTDOWN_TIMEOUT):
+                        await asyncio.gather(*(
+                            bridge.call(f"trainer{r}", worker.call, worker.SHUTDOWN) for r in range(self.num_ranks)
+                        ))
+                    acknowledged = True
+                except Exception as error:  # noqa: BLE001 - stopping anyway
+                    log.warning("trainer ranks did not acknowledge shutdown: %r", error)
+            bridge.fail_pending(RuntimeError("the trainer is stopping"))
+            await bridge.shutdown(graceful=acknowledged, timeout=worker.SHUTDOWN_TIMEOUT)
+        if self.child_ref is not None:
+            await self.child_ref.stop()
+
+    # ----- RPC plumbing --------------------------------------------------------------------------
+    def _call(self, rank: int, op: str, *args: Any, **kwargs: Any) -> asyncio.Future:
+        if self._death is not None:
+            raise self._death
+        assert self.bridge is not None
+        timeout = self.config.op_timeout
+        return self.bridge.call(f"trainer{rank}", worker.call, op, *args, timeout=timeout, **kwargs)
+
+    async def _all(self, op: str, *args: Any, per_rank: Sequence[tuple] | None = None, **kwargs: Any) -> list[Any]:
+        """Run ``op`` on every rank (rank r gets ``per_rank[r]`` as args when given)."""
+        async with self._op_lock:
+            calls = [
+                self._call(r, op, *(per_rank[r] if per_rank is not None else args), **kwargs)
+                for r in range(self.num_ranks)
+            ]
+            try:
+                return await asyncio.gather(*calls)
+            except RpcError as error:
+                for c in calls:
+                    c.cancel()
+                # The transport may notice a dead peer ("eof") before the watcher does; the
+                # caller should get the report that names the rank, so wait for it briefly.
+                try:
+                    async with asyncio.timeout(_DEATH_REPORT_GRACE + 2 * _WATCH_INTERVAL + 1.0):
+                        await self._died.wait()
+                except TimeoutError:
+                    raise error from None
+                raise self._death from error
+            except BaseException:
+                for c in calls:
+                    c.cancel()
+                raise
+
+    def _shard(self, batch: Batch) -> tuple[list[list[int]], list[tuple]]:
+        """DP bins of sample indices and each rank's shard (TP/PP peers share their DP shard)."""
+        bins = split_across_dp(batch.lengths, self.dp_size)
+        shards = [batch.select(b) for b in bins]
+        return bins, [(shards[info.dp_rank],) for info in self.ranks]
+
+    # ----- operations (answered through defer) -----------------------------------------------------
+    def train_step(self, batch: Batch, loss_spec: LossSpec, *, max_response_len: int | None = None) -> Deferred:
+        """One optimizer step on ``batch``; returns the global metrics (loss parts, grad_norm, lr, ...)."""
+        return self.defer(self._train_step(batch, loss_spec, max_response_len))
+
+    async def _train_step(self, batch: Batch, loss_spec: LossSpec, max_response_len: int | None) -> dict[str, float]:
+        loss_spec.validate()
+        if self.config.global_batch_size is not None and len(batch) != self.config.global_batch_size:
+            raise ValueError(f"train_step got {len(batch)} samples, --global-batch-size is {self.config.global_batch_size}")
+        normalizer = batch.normalizer(loss_spec.loss_agg, max_response_len)
+        _, shards = self._shard(batch)
+        per_rank = [(shard, loss_spec, normalizer) for (shard,) in shards]
+        results = await self._all("train_step", per_rank=per_rank)
+        return next(r for r in results if r is not None)
+
+    def compute_logprobs(self, batch: Batch, model: str = "actor") -> Deferred:
+        """Per-sample `SampleLogprobs` in batch order (``model="ref"``: the frozen reference)."""
+        return self.defer(self._compute_logprobs(batch, model))
+
+    async def _compute_logprobs(self, batch: Batch, model: str) -> list[SampleLogprobs]:
+        bins, shards = self._shard(batch)
+        results = await self._all("compute_logprobs", per_rank=shards, model=model)
+        merged: list[SampleLogprobs | None] = [None] * len(batch)
+        for info, rows in zip(self.ranks, results):
+            if rows is None:
+                continue
+            for index, row in zip(bins[info.dp_rank], rows):
+                merged[index] = row
+        return merged  # type: ignore[return-value]
+
+    def save(self, path: str) -> Deferred:
+        """Megatron distributed checkpoint (model, optimizer, LR schedule, step, RNG) at ``path``."""
+        return self.defer(self._all("save", str(path)))
+
+    def load(self, path: str) -> Deferred:
+        """Restore a checkpoint written by `save`; answers its step."""
+        return self.defer(self._first_of(self._all("load", str(path))))
+
+    def export_hf(self, path: str) -> Deferred:
+        """HF safetensors + config + tokenizer at ``path`` (loadable by transformers / engines)."""
+        return self.defer(self._all("export_hf", str(path)))
+
+    def set_reference_model(self, hf_dir: str | None = None) -> Deferred:
+        """Freeze the current weights (or an HF directory's) as the KL reference."""
+        return self.defer(self._all("set_reference_model", hf_dir))
+
+    def weight_metadata(self) -> Deferred:
+        """Buckets of `TensorMeta` that `broadcast_weights` will send, in order."""
+        return self.defer(self._first_of(self._all("weight_metadata")))
+
+    def init_weight_group(self, spec: WeightGroupSpec) -> Deferred:
+        """Trainer rank 0 joins the broadcast group (engines must join concurrently)."""
+        return self.defer(self._all("init_weight_group", spec))
+
+    def broadcast_weights(self, group_name: str = "weight_update_group") -> Deferred:
+        """Rank 0 broadcasts every bucket (engines must receive each bucket concurrently)."""
+        return self.defer(self._first_of(self._all("broadcast_weights", group_name)))
+
+    def destroy_weight_group(self, group_name: str = "weight_update_group") -> Deferred:
+        return self.defer(self._all("destroy_weight_group", group_name))
+
+    def rank_info(self) -> list[RankInfo]:
+        return list(self.ranks)
+
+    @staticmethod
+    async def _first_of(results) -> Any:
+        values = await results
+        return next((v for v in values if v is not None), None)
+
+
+async def update_engine_weights(
+    trainer: ActorRef,
+    engines: Sequence[Any],
+    spec: WeightGroupSpec,
+    weight_version: str | None = None,
+    timeout: float | None = None,
+) -> int:
+    """Distributed weight update of ``engines`` (EngineClients, one rank each) from trainer rank 0.
+
+    Runs the trainer and engine halves of each step concurrently, as the collective needs:
+    group init; then the broadcast while the buckets are POSTed one after another to every
+    engine. The group is destroyed at the end. Returns the number of tensors sent.
+    """
+    buckets: list[list[TensorMeta]] = await trainer.ask("weight_metadata", timeout=timeout)
+    await asyncio.gather(
+        trainer.ask("init_weight_group", spec, timeout=timeout),
+        *(
+            engine.init_weights_update_group(
+                spec.master_address, spec.master_port, i + 1, spec.world_size, spec.group_name, spec.backend
+            )
+            for i, engine in enumerate(engines)
+        ),
+    )
+
+    async def post_buckets(engine: Any) -> None:
+        for bucket in buckets:
+            answer = await engine.update_weights_from_distributed(
+                [m.name for m in bucket], [m.dtype for m in bucket], [list(m.shape) for m in bucket],
+                spec.group_name, weight_version,
+            )
+            if isinstance(answer, dict) and not answer.get("success", True):
+                raise RuntimeError(f"engine rejected the weight update: {answer.get('message')}")
+
+    try:
+        results = await asyncio.gather(
+            trainer.ask("broadcast_weights", spec.group_name, timeout=timeout),
+            *(post_buckets(engine) for engine in engines),
+        )
+    finally:
+        await asyncio.gather(
+            trainer.ask("destroy_weight_group", spec.group_name, timeout=timeout),
+            *(engine.destroy_weights_update_group(spec.group_name) for engine in engines),
+            return_exceptions=True,
+        )
+    return int(results[0])

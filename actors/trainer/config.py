@@ -1,0 +1,97 @@
+"""`TrainerConfig`: the trainer section of the run config (slime flag names as field names).
+
+``megatron`` is the pass-through: a dict of megatron-core ``TransformerConfig`` /
+``OptimizerConfig`` / ``DistributedDataParallelConfig`` field -> value (filled by the CLI from
+flags generated from those dataclasses), plus the LR-schedule keys of
+``actors.trainer.optimizer.ScheduleConfig``. The worker routes each key to every dataclass that
+has the field; an unknown key fails at start with its name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainerConfig:
+    hf_checkpoint: str = field(
+        default="", metadata={"help": "HF model directory: architecture, initial weights and tokenizer"}
+    )
+    actor_num_nodes: int = field(default=1, metadata={"help": "nodes of the training group (torchrun --nnodes)"})
+    actor_num_gpus_per_node: int = field(
+        default=1, metadata={"help": "training ranks per node on GPU (torchrun --nproc-per-node)"}
+    )
+    actor_num_procs: int = field(
+        default=1, metadata={"help": "training ranks on CPU (no GPU): torchrun --nproc-per-node"}
+    )
+    max_tokens_per_gpu: int | None = field(
+        default=None,
+        metadata={"help": "token budget of one micro-batch (padded tokens); exclusive with micro_batch_size"},
+    )
+    micro_batch_size: int | None = field(
+        default=None, metadata={"help": "fixed samples per micro-batch (when max_tokens_per_gpu is not set)"}
+    )
+    global_batch_size: int | None = field(
+        default=None, metadata={"help": "samples per optimizer step (checked against each train_step batch)"}
+    )
+    ref_load: str | None = field(
+        default=None,
+        metadata={"help": "HF directory of the frozen reference model for the KL loss (None: no reference)"},
+    )
+    use_reference: bool = field(
+        default=False,
+        metadata={"help": "keep a frozen reference: ref_load, or the initial hf_checkpoint weights"},
+    )
+    seed: int = field(default=1234, metadata={"help": "random seed of the training ranks"})
+    trainer_start_timeout: float = field(
+        default=300.0, metadata={"help": "seconds for the ranks to build the model and join the RPC group"}
+    )
+    op_timeout: float = field(
+        default=3600.0, metadata={"help": "seconds one trainer operation (train_step, save, ...) may take"}
+    )
+    weight_bucket_mb: float = field(
+        default=512.0, metadata={"help": "bucket size of distributed weight updates, in MiB"}
+    )
+    use_sdpa: bool | None = field(
+        default=None, metadata={"help": "SDPA core attention (default: on with CUDA, off on CPU)"}
+    )
+    master_port: int | None = field(default=None, metadata={"help": "torchrun rendezvous port (None: a free one)"})
+    megatron: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "megatron-core TransformerConfig/OptimizerConfig/DDP config fields (pass-through)"},
+    )
+
+    def validate(self) -> TrainerConfig:
+        if not self.hf_checkpoint:
+            raise ValueError("--hf-checkpoint is required for the trainer")
+        if (self.max_tokens_per_gpu is None) == (self.micro_batch_size is None):
+            raise ValueError("set exactly one of --max-tokens-per-gpu and --micro-batch-size")
+        for name in ("actor_num_nodes", "actor_num_gpus_per_node", "actor_num_procs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.actor_num_nodes != 1:
+            raise ValueError("--actor-num-nodes > 1 is not supported yet (single-host torchrun)")
+        return self
+
+    def num_ranks(self, cuda: bool) -> int:
+        """Training ranks per node: GPUs with CUDA, processes without."""
+        return self.actor_num_gpus_per_node if cuda else self.actor_num_procs
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), default=_json_default)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainerConfig:
+        data = json.loads(text)
+        return cls(**data)
+
+
+def _json_default(value: Any) -> Any:
+    # torch dtypes can appear in the pass-through (params_dtype); they travel by name.
+    text = str(value)
+    if text.startswith("torch."):
+        return text
+    raise TypeError(f"trainer config value {value!r} ({type(value).__name__}) is not JSON-serialisable")

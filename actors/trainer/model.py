@@ -1,0 +1,65 @@
+"""Build a megatron-core GPTModel (local layer spec) for an HF Llama / Qwen2 / Qwen3 model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+
+from actors.trainer.attention import gpt_layer_spec
+from actors.trainer.bridge import (
+    gpt_model_args_from_hf,
+    load_hf_config,
+    load_hf_weights,
+    transformer_config_from_hf,
+)
+from actors.trainer.cpu_compat import apply_cpu_compat
+
+
+def build_gpt_model(
+    hf_dir_or_config: str | Path | Any,
+    transformer_overrides: dict[str, Any] | None = None,
+    use_sdpa: bool | None = None,
+    load_weights: bool = False,
+) -> GPTModel:
+    """This rank's GPTModel chunk for an HF config (Megatron parallel state must be initialised).
+
+    - ``transformer_overrides``: TransformerConfig fields that replace the HF-derived values.
+    - ``use_sdpa``: SDPA core attention (default on GPU) instead of the unfused local one
+      (default on CPU, where it is exact and memory is not the constraint).
+    - ``load_weights``: copy the weights of ``hf_dir_or_config`` (a directory) into the model;
+      otherwise parameters are randomly initialised.
+
+    The vocab is padded to a multiple of TP; ``model.hf_vocab_size`` holds the real size and
+    logits at or beyond it must be ignored. On CPU the cpu_compat fallbacks are applied and
+    the model lives on CPU; on GPU it is moved to the current device.
+    """
+    apply_cpu_compat()
+    hf_config = load_hf_config(hf_dir_or_config)
+    config = transformer_config_from_hf(hf_config, **(transformer_overrides or {}))
+    if use_sdpa is None:
+        use_sdpa = torch.cuda.is_available()
+    args = gpt_model_args_from_hf(hf_config, parallel_state.get_tensor_model_parallel_world_size())
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=gpt_layer_spec(qk_layernorm=config.qk_layernorm, use_sdpa=use_sdpa),
+        vocab_size=args.vocab_size,
+        max_sequence_length=args.max_sequence_length,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=args.share_embeddings_and_output_weights,
+        position_embedding_type="rope",
+        rotary_base=args.rotary_base,
+    )
+    model.hf_vocab_size = args.hf_vocab_size
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    if load_weights:
+        if not isinstance(hf_dir_or_config, (str, Path)):
+            raise ValueError("load_weights=True needs an HF checkpoint directory, not a config object")
+        load_hf_weights(model, hf_dir_or_config)
+    return model

@@ -1,0 +1,175 @@
+"""Megatron pass-through config routing, DDP wrapping, optimizer and LR schedule for one rank.
+
+The ``megatron`` dict of the trainer config holds megatron-core dataclass fields by name; a
+key goes to *every* dataclass that has it (``bf16`` is both a TransformerConfig and an
+OptimizerConfig field, and both must agree). LR-schedule keys (Megatron-LM's flag names,
+which are not dataclass fields in megatron-core) go to `ScheduleConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from actors.trainer import cpu_compat
+
+
+@dataclass
+class ScheduleConfig:
+    """LR / weight-decay schedule (Megatron-LM flag names; iterations = optimizer steps)."""
+
+    lr_warmup_iters: int = 0
+    lr_warmup_init: float = 0.0
+    lr_decay_iters: int | None = None  # None: no decay (constant after warmup)
+    lr_decay_style: str = "constant"  # constant | linear | cosine | inverse-square-root | WSD
+    lr_wsd_decay_style: str = "exponential"
+    lr_wsd_decay_iters: int | None = None
+    start_weight_decay: float | None = None  # None: OptimizerConfig.weight_decay
+    end_weight_decay: float | None = None
+    weight_decay_incr_style: str = "constant"
+
+
+@dataclass
+class MegatronSections:
+    transformer: dict[str, Any]
+    optimizer: dict[str, Any]
+    ddp: dict[str, Any]
+    schedule: dict[str, Any]
+
+
+_DTYPE_NAMES = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16}
+
+
+def split_megatron_overrides(megatron: dict[str, Any]) -> MegatronSections:
+    """Route each pass-through key to the dataclasses that define it; unknown keys raise."""
+    targets = {
+        "transformer": {f.name for f in dataclasses.fields(TransformerConfig)},
+        "optimizer": {f.name for f in dataclasses.fields(OptimizerConfig)},
+        "ddp": {f.name for f in dataclasses.fields(DistributedDataParallelConfig)},
+        "schedule": {f.name for f in dataclasses.fields(ScheduleConfig)},
+    }
+    sections: dict[str, dict[str, Any]] = {name: {} for name in targets}
+    unknown = []
+    for key, value in megatron.items():
+        if isinstance(value, str) and value in _DTYPE_NAMES:
+            value = _DTYPE_NAMES[value]
+        homes = [name for name, names in targets.items() if key in names]
+        if not homes:
+            unknown.append(key)
+        for name in homes:
+            sections[name][key] = value
+    if unknown:
+        raise ValueError(
+            f"unknown Megatron option(s) {sorted(unknown)}: not a field of TransformerConfig, "
+            "OptimizerConfig, DistributedDataParallelConfig or the LR schedule"
+        )
+    return MegatronSections(**sections)
+
+
+def optimizer_config(overrides: dict[str, Any], model_config: TransformerConfig) -> OptimizerConfig:
+    """Adam by default; precision follows the model unless given explicitly."""
+    fields: dict[str, Any] = dict(
+        optimizer="adam",
+        lr=1e-6,
+        bf16=model_config.bf16,
+        fp16=model_config.fp16,
+        params_dtype=model_config.params_dtype,
+        # Megatron's fp32 default; the "local" Adam from torch has no fused / master-weight kernel.
+        use_distributed_optimizer=False,
+    )
+    fields.update(overrides)
+    if fields.get("min_lr") is None:
+        fields["min_lr"] = 0.0
+    return OptimizerConfig(**fields)
+
+
+def wrap_ddp(model: torch.nn.Module, model_config: TransformerConfig, overrides: dict[str, Any]) -> DistributedDataParallel:
+    """Megatron DDP (contiguous grad buffer, fp32 grads) and hook it into the schedule."""
+    ddp_config = DistributedDataParallelConfig(**{"grad_reduce_in_fp32": True, **overrides})
+    ddp = DistributedDataParallel(config=model_config, ddp_config=ddp_config, module=model)
+    # The no-pipelining schedule accumulates micro-batch grads under no_sync and reduces them
+    # once through finalize_model_grads (DP all-reduce, tied-embedding sync).
+    model_config.no_sync_func = ddp.no_sync
+    model_config.finalize_model_grads_func = finalize_model_grads
+    return ddp
+
+
+# CUDA-only spots on the optimizer path that actors/trainer/cpu_compat.py does not cover yet
+# (megatron-core 0.16.1). Applied with cpu_compat's own machinery, so they follow its rules
+# (recompiled from upstream source, only without CUDA). TODO(model layer): move these two into
+# cpu_compat.FALLBACKS and delete this tuple.
+_OPTIMIZER_CPU_FALLBACKS = (
+    cpu_compat.CpuFallback(
+        "megatron.core.utils",
+        "local_multi_tensor_l2_norm",
+        (('device="cuda"', 'device="cpu"'),),
+        "the torch fallback of amp_C.multi_tensor_l2norm (grad norm without Apex/TE) returns a cuda tensor",
+    ),
+    cpu_compat.CpuFallback(
+        "megatron.core.optimizer.clip_grads",
+        "clip_grad_by_total_norm_fp32",
+        (("'torch.cuda.FloatTensor'", "'torch.FloatTensor'"), ("device='cuda'", "device='cpu'")),
+        "gradient clipping asserts that grads are cuda tensors",
+    ),
+)
+
+
+def apply_optimizer_cpu_fallbacks() -> None:
+    """Install `_OPTIMIZER_CPU_FALLBACKS` when CUDA is absent (idempotent).
+
+    Only fragments still present are swapped, so this stays correct once cpu_compat patches
+    the same functions itself.
+    """
+    if torch.cuda.is_available():
+        return
+    cpu_compat.apply_cpu_compat()
+    for fallback in _OPTIMIZER_CPU_FALLBACKS:
+        module, owner, attr, fn = cpu_compat._resolve(fallback)
+        source = inspect.getsource(fn)
+        todo = tuple((old, new) for old, new in fallback.replacements if old in source)
+        if not todo:
+            continue
+        new_fn = cpu_compat._recompile(
+            dataclasses.replace(fallback, replacements=todo), fn, owner if isinstance(owner, type) else None
+        )
+        setattr(owner, attr, new_fn)
+        if owner is module:
+            cpu_compat._rebind_imported_copies(fn, new_fn)
+
+
+def build_optimizer(
+    ddp: DistributedDataParallel, config: OptimizerConfig, schedule: ScheduleConfig
+) -> tuple[Any, OptimizerParamScheduler]:
+    apply_optimizer_cpu_fallbacks()
+    optimizer = get_megatron_optimizer(config, [ddp])
+    wd = config.weight_decay
+    decay_iters = schedule.lr_decay_iters
+    if decay_iters is None:
+        # Constant style ignores the decay length, but the scheduler requires it > warmup.
+        decay_iters = schedule.lr_warmup_iters + 1
+    scheduler = OptimizerParamScheduler(
+        optimizer,
+        init_lr=schedule.lr_warmup_init,
+        max_lr=config.lr,
+        min_lr=config.min_lr,
+        lr_warmup_steps=schedule.lr_warmup_iters,
+        lr_decay_steps=decay_iters,
+        lr_decay_style=schedule.lr_decay_style,
+        start_wd=wd if schedule.start_weight_decay is None else schedule.start_weight_decay,
+        end_wd=wd if schedule.end_weight_decay is None else schedule.end_weight_decay,
+        wd_incr_steps=max(decay_iters, 1),
+        wd_incr_style=schedule.weight_decay_incr_style,
+        use_checkpoint_opt_param_scheduler=True,
+        override_opt_param_scheduler=False,
+        wsd_decay_steps=schedule.lr_wsd_decay_iters,
+        lr_wsd_decay_style=schedule.lr_wsd_decay_style,
+    )
+    return optimizer, scheduler

@@ -1,0 +1,60 @@
+"""Types that cross the RPC boundary between the supervisor and the trainer ranks.
+
+Kept free of Megatron imports: the supervisor unpickles these without loading megatron-core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    pid: int
+    dp_rank: int
+    dp_size: int
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+
+    @property
+    def reports(self) -> bool:
+        """Whether this rank answers for its DP shard (TP rank 0 of the last pipeline stage)."""
+        return self.tp_rank == 0 and self.pp_rank == self.pp_size - 1
+
+
+@dataclass
+class SampleLogprobs:
+    """Per response token of one sample: log p at the batch temperature, and entropy."""
+
+    logprobs: list[float]
+    entropy: list[float]
+
+
+@dataclass(frozen=True)
+class WeightGroupSpec:
+    """Where the weight broadcast group meets; the same values go to every engine's init call."""
+
+    master_address: str
+    master_port: int
+    world_size: int  # 1 (trainer rank 0) + total engine ranks
+    group_name: str = "weight_update_group"
+    backend: str = "gloo"
+
+    @property
+    def init_method(self) -> str:
+        return f"tcp://{self.master_address}:{self.master_port}"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    dtype: str  # torch dtype name without "torch." (SGLang's convention: "bfloat16")
+    shape: tuple[int, ...]
+
+
+class TrainerOpError(RuntimeError):
+    """An operation raised on a trainer rank; the message holds the rank and the traceback."""

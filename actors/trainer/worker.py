@@ -1,0 +1,140 @@
+"""The trainer worker program: one Megatron-core rank serving operations over torch RPC.
+
+    torchrun --nproc-per-node N -m actors.trainer.worker \
+        --rpc-init-method tcp://127.0.0.1:PORT --rpc-world-size N+1 --config-json PATH
+
+Each rank joins torchrun's process group (gloo / NCCL), builds its model, DDP, optimizer and
+schedule (`actors.trainer.ops.TrainerOps`), then joins a *second* rendezvous, the RPC group,
+as worker ``trainer<rank>`` (RPC rank rank+1; the supervisor is RPC rank 0).
+
+Calls arrive on RPC threads. They are handed to the main thread through a queue and run
+there one at a time, because collectives must be issued in the same order on every rank,
+and CUDA's current device is per thread (set once, on the main thread). The RPC thread
+returns a future at once (``async_execution``), so no RPC thread is held during a long op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import queue
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.rpc as rpc
+
+from actors.trainer.protocol import TrainerOpError
+
+log = logging.getLogger("actors.trainer.worker")
+
+SHUTDOWN = "shutdown"
+SHUTDOWN_TIMEOUT = 10.0  # seconds for the RPC shutdown barrier
+
+
+@dataclass
+class _Call:
+    op: str
+    args: tuple
+    kwargs: dict
+    future: torch.futures.Future
+
+
+# The RPC entry point must be a module-level function (RPC pickles functions by reference),
+# so it can only reach this process's serving loop through module state: the one inbox of
+# the one worker this process runs, set by `serve` before the RPC agent starts.
+_inbox: queue.Queue[_Call] | None = None
+
+
+@rpc.functions.async_execution
+def call(op: str, *args: Any, **kwargs: Any) -> torch.futures.Future:
+    """Run ``ops.<op>(*args, **kwargs)`` on this rank's main thread (RPC target)."""
+    future: torch.futures.Future = torch.futures.Future()
+    if _inbox is None:
+        future.set_exception(TrainerOpError(f"trainer worker {os.getpid()} is not serving yet (op {op!r})"))
+    else:
+        _inbox.put(_Call(op, args, kwargs, future))
+    return future
+
+
+def serve(ops: Any, inbox: queue.Queue[_Call], rank: int) -> None:
+    """Run calls from ``inbox`` until a shutdown call; an op's error goes back to its caller."""
+    while True:
+        item = inbox.get()
+        if item.op == SHUTDOWN:
+            item.future.set_result(None)
+            return
+        try:
+            handler = getattr(ops, item.op, None)
+            if item.op.startswith("_") or not callable(handler):
+                raise AttributeError(f"trainer has no operation {item.op!r}")
+            result = handler(*item.args, **item.kwargs)
+        except Exception:  # noqa: BLE001 - every op error is reported to the supervisor
+            text = traceback.format_exc()
+            log.error("rank %d: op %s failed:\n%s", rank, item.op, text)
+            item.future.set_exception(TrainerOpError(f"trainer rank {rank}: {item.op} failed:\n{text}"))
+        else:
+            item.future.set_result(result)
+
+
+def _die_with_torchrun() -> None:
+    # torchrun is our parent; if it is SIGKILLed nobody would stop this rank otherwise.
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="actors.trainer.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--rpc-init-method", required=True, help="tcp://HOST:PORT of the RPC rendezvous")
+    parser.add_argument("--rpc-world-size", type=int, required=True, help="trainer ranks + 1 (the supervisor)")
+    parser.add_argument("--config-json", required=True, help="TrainerConfig as JSON")
+    parser.add_argument("--rpc-timeout", type=float, default=300.0, help="seconds to join the RPC group")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    _die_with_torchrun()
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from actors.trainer.config import TrainerConfig
+    from actors.trainer.ops import TrainerOps
+    from actors.trainer.parallel import destroy_model_parallel
+
+    config = TrainerConfig.from_json(Path(args.config_json).read_text())
+    ops = TrainerOps(config)
+    log.info("model ready: %s", ops.info())
+
+    inbox: queue.Queue[_Call] = queue.Queue()
+    # Run as `-m actors.trainer.worker`, this file is `__main__`; RPC resolves `call` in the
+    # importable module `actors.trainer.worker`, a second instance: give *that* the inbox.
+    from actors.trainer import worker as served
+
+    served._inbox = inbox
+    options = rpc.TensorPipeRpcBackendOptions(init_method=args.rpc_init_method, rpc_timeout=args.rpc_timeout)
+    rpc.init_rpc(f"trainer{rank}", rank=rank + 1, world_size=args.rpc_world_size, rpc_backend_options=options)
+    log.info("joined the RPC group as trainer%d", rank)
+    try:
+        serve(ops, inbox, rank)
+    except BaseException:
+        rpc.shutdown(graceful=False)
+        raise
+    # Graceful: a barrier with the supervisor that flushes the reply to the shutdown call;
+    # bounded, since the supervisor may be gone.
+    rpc.shutdown(graceful=True, timeout=SHUTDOWN_TIMEOUT)
+    destroy_model_parallel()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,530 @@
+"""Async HTTP client for one inference engine that speaks SGLang's native API.
+
+Every engine the runtime talks to (an SGLang server it launched, an external SGLang URL, the
+embedded CPU engine) is reached through this one class, so retries, timeouts, auth and error
+messages behave the same whatever serves the tokens.
+
+Retry policy (why it differs per endpoint):
+- Reads and idempotent control calls (health, info, loads, pause/continue, abort, flush,
+  update-from-disk, destroy group, weight version) are retried with exponential backoff on
+  connection errors and on 5xx answers: repeating them leaves the engine in the same state.
+- `generate`, `init_weights_update_group`, `update_weights_from_distributed` and
+  `update_weights_from_tensor` are retried ONLY when the connection could not be opened
+  (refused, unreachable): then the request provably never reached the server. Once it was
+  sent, a retry would either duplicate work the server already did (a second sample with
+  its own RNG draw, counted twice in load) or, for the collective weight calls, desynchronise
+  the broadcast with the trainer, which is already waiting on the other side.
+- 4xx is never retried (the request itself is wrong), and neither is a timeout (the
+  per-call timeout is the caller's whole budget; silently doubling it would hide a stuck
+  engine from the router's health logic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "retract", "in_place"]
+
+
+# --------------------------------------------------------------------------------------
+# Errors
+
+
+class EngineError(RuntimeError):
+    """A call to an engine failed. `str()` names the engine, the endpoint and the reason."""
+
+    def __init__(self, url: str, endpoint: str, status: int | None, message: str):
+        self.url = url
+        self.endpoint = endpoint
+        self.status = status
+        self.message = message
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        status = f"HTTP {self.status}" if self.status is not None else self.kind
+        return f"engine {self.url} {self.endpoint}: {status}: {self.message}"
+
+    kind = "error"
+
+    def __reduce__(self):  # keep the exception picklable (it may cross an actor boundary)
+        return (type(self), (self.url, self.endpoint, self.status, self.message))
+
+
+class EngineConnectionError(EngineError):
+    """The engine could not be reached, or dropped the connection."""
+
+    kind = "connection failed"
+
+
+class EngineUnreachable(EngineConnectionError):
+    """The connection could not be opened (refused, no route): the request was never sent."""
+
+
+class EngineHTTPError(EngineError):
+    """The engine answered with an error status (4xx/5xx), or with `success: false`."""
+
+    kind = "rejected"
+
+
+class EngineTimeout(EngineError):
+    """No complete answer within the call's timeout."""
+
+    kind = "timed out"
+
+
+# --------------------------------------------------------------------------------------
+# Generate output
+
+
+@dataclass
+class GenerateOutput:
+    """One completed (or aborted) generation, reduced to what the runtime uses.
+
+    `output_ids` and `logprobs` always have the same length when logprobs were requested:
+    the ids are taken from `meta_info.output_token_logprobs` when present, because that list
+    pairs every sampled token (including a matched stop token, which SGLang may trim from
+    `output_ids`) with its logprob, which is what training needs.
+    """
+
+    output_ids: list[int]
+    logprobs: list[float] | None
+    finish_type: str  # "stop" | "length" | "abort"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    weight_version: str | None
+    finish_reason: dict[str, Any] | None = None
+    text: str | None = None
+
+
+def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
+    """Turn one `/generate` answer into a `GenerateOutput`.
+
+    Raises ValueError (with the keys that were present) when the answer has neither
+    `output_ids` nor `meta_info.output_token_logprobs`.
+    """
+    meta = data.get("meta_info") or {}
+    token_logprobs = meta.get("output_token_logprobs")
+    if token_logprobs is not None:
+        # Each entry is [logprob, token_id, token_text_or_null].
+        output_ids = [int(entry[1]) for entry in token_logprobs]
+        logprobs: list[float] | None = [float(entry[0]) for entry in token_logprobs]
+    elif "output_ids" in data:
+        output_ids = [int(t) for t in data["output_ids"]]
+        logprobs = None
+    else:
+        raise ValueError(
+            "generate answer has neither output_ids nor meta_info.output_token_logprobs "
+            f"(keys: {sorted(data)}, meta_info keys: {sorted(meta)})"
+        )
+    finish_reason = meta.get("finish_reason")
+    if isinstance(finish_reason, dict):
+        finish_type = str(finish_reason.get("type", ""))
+    else:
+        finish_type = str(finish_reason or "")
+    weight_version = meta.get("weight_version")
+    return GenerateOutput(
+        output_ids=output_ids,
+        logprobs=logprobs,
+        finish_type=finish_type,
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
+        cached_tokens=int(meta.get("cached_tokens", 0)),
+        weight_version=None if weight_version is None else str(weight_version),
+        finish_reason=finish_reason if isinstance(finish_reason, dict) else None,
+        text=data.get("text"),
+    )
+
+
+def request_counts(loads: dict[str, Any]) -> tuple[int, int]:
+    """(running, waiting) requests summed over the DP ranks of a `/v1/loads` answer.
+
+    Summed from `loads[*]` rather than read from `aggregate`, which SGLang 0.5.17 no longer sends.
+    """
+    ranks = loads.get("loads") or []
+    running = sum(int(rank.get("num_running_reqs", 0)) for rank in ranks)
+    waiting = sum(int(rank.get("num_waiting_reqs", 0)) for rank in ranks)
+    return running, waiting
+
+
+# --------------------------------------------------------------------------------------
+# Client
+
+
+class _Retry(Enum):
+    IDEMPOTENT = "idempotent"  # retry on connection errors and 5xx
+    BEFORE_SEND = "before_send"  # retry only when the connection could not be opened
+
+
+@dataclass
+class RetryPolicy:
+    """Exponential backoff with jitter: delay_i = min(max_delay, initial * 2**i) * U(0.5, 1)."""
+
+    attempts: int = 4  # total tries, including the first
+    initial_delay: float = 0.1
+    max_delay: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.max_delay, self.initial_delay * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+class EngineClient:
+    """Typed calls for one engine base URL (e.g. "http://127.0.0.1:30000").
+
+    Pass `session` to share one connection pool between many clients (the router holds one
+    per process); otherwise the client creates its own on first use and `close()` closes it.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        api_key: str | None = None,
+        timeout: float | None = 600.0,
+        retry: RetryPolicy | None = None,
+    ):
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self._session = session
+        self._owns_session = session is None
+
+    # ---- lifecycle
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the session if this client created it; a shared session is left open."""
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        # Created lazily so that constructing a client needs no running event loop.
+        if self._session is None or self._session.closed:
+            if not self._owns_session:
+                raise RuntimeError(f"the shared aiohttp session of engine client {self.url} is closed")
+            # limit=0: the router bounds concurrency per engine, the pool should not.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self._session
+
+    # ---- generation
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        *,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """`POST /generate` for one prompt; returns SGLang's answer dict (see `parse_generate_output`)."""
+        payload: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params,
+            "return_logprob": return_logprob,
+        }
+        if rid is not None:
+            payload["rid"] = rid
+        return await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
+
+    async def generate_batch(
+        self,
+        input_ids: list[list[int]],
+        sampling_params: dict[str, Any] | list[dict[str, Any]],
+        *,
+        return_logprob: bool = True,
+        rids: list[str] | None = None,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """`POST /generate` with a list of prompts (SGLang's batch form); one answer per prompt."""
+        if rids is not None and len(rids) != len(input_ids):
+            raise ValueError(f"generate_batch got {len(rids)} rids for {len(input_ids)} prompts")
+        payload: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params,
+            "return_logprob": return_logprob,
+        }
+        if rids is not None:
+            payload["rid"] = rids
+        result = await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
+        if not isinstance(result, list) or len(result) != len(input_ids):
+            got = f"a list of {len(result)}" if isinstance(result, list) else type(result).__name__
+            raise EngineHTTPError(self.url, "/generate", 200, f"batch of {len(input_ids)} prompts answered with {got}")
+        return result
+
+    # ---- health and discovery
+
+    async def health(self, *, timeout: float | None = 10.0) -> bool:
+        """`GET /health`: True when the server answers 200; False when it is unreachable or not ready."""
+        return await self._probe("/health", timeout)
+
+    async def health_generate(self, *, timeout: float | None = 30.0) -> bool:
+        """`GET /health_generate`: True when the server can generate a token."""
+        return await self._probe("/health_generate", timeout)
+
+    async def get_model_info(self, *, timeout: float | None = 30.0) -> dict[str, Any]:
+        return await self._call_json("GET", "/get_model_info", timeout=timeout)
+
+    async def get_server_info(self, *, timeout: float | None = 30.0) -> dict[str, Any]:
+        return await self._call_json("GET", "/get_server_info", timeout=timeout)
+
+    async def get_loads(self, *, timeout: float | None = 10.0) -> dict[str, Any]:
+        """`GET /v1/loads`: per-DP-rank load as the engine reports it (see `request_counts`)."""
+        return await self._call_json("GET", "/v1/loads", timeout=timeout)
+
+    async def get_weight_version(self, *, timeout: float | None = 30.0) -> str | None:
+        """The weight version the engine serves, from `/get_model_info` (SGLang 0.5.17 answers
+        404 on the older `/get_weight_version`; `/get_model_info` carries it in every version)."""
+        version = (await self.get_model_info(timeout=timeout)).get("weight_version")
+        return None if version is None else str(version)
+
+    # ---- scheduling control
+
+    async def pause_generation(self, mode: PauseMode = "abort", *, timeout: float | None = None) -> Any:
+        """Stop scheduling: "abort" returns in-flight requests (finish_reason abort), "retract"
+        puts them back in the queue, "in_place" freezes them with their KV cache."""
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"pause mode must be 'abort', 'retract' or 'in_place', got {mode!r}")
+        return await self._call("POST", "/pause_generation", {"mode": mode}, timeout=timeout)
+
+    async def continue_generation(self, *, timeout: float | None = None) -> Any:
+        return await self._call("POST", "/continue_generation", {}, timeout=timeout)
+
+    async def abort_request(self, rid: str | None = None, abort_all: bool = False, *, timeout: float | None = None) -> Any:
+        """Abort one request by rid, or all of them; aborted requests return their tokens so far."""
+        if rid is None and not abort_all:
+            raise ValueError("abort_request needs a rid or abort_all=True")
+        payload: dict[str, Any] = {"abort_all": abort_all}
+        if rid is not None:
+            payload["rid"] = rid
+        return await self._call("POST", "/abort_request", payload, timeout=timeout)
+
+    async def flush_cache(self, *, timeout: float | None = None) -> Any:
+        """`GET /flush_cache`; raises EngineHTTPError (400) when requests are still running."""
+        return await self._call("GET", "/flush_cache", None, timeout=timeout)
+
+    # ---- weight updates
+
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str | None = None, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model_path": model_path}
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return await self._call_update("/update_weights_from_disk", payload, timeout, _Retry.IDEMPOTENT)
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Ask the engine to join a broadcast group; it blocks until the trainer joins too,
+        so the trainer side must call `init_custom_process_group` concurrently."""
+        payload = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return await self._call_update("/init_weights_update_group", payload, timeout, _Retry.BEFORE_SEND)
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Receive the named tensors by broadcast from the group's rank 0 (the trainer),
+        which must broadcast them in this order while this call is pending."""
+        payload: dict[str, Any] = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return await self._call_update("/update_weights_from_distributed", payload, timeout, _Retry.BEFORE_SEND)
+
+    async def destroy_weights_update_group(
+        self, group_name: str = "weight_update_group", *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        return await self._call_update(
+            "/destroy_weights_update_group", {"group_name": group_name}, timeout, _Retry.IDEMPOTENT
+        )
+
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: list[str],
+        load_format: str | None = None,
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """SGLang's colocated path: one base64 `MultiprocessingSerializer` payload per TP rank
+        (CUDA IPC handles, so only meaningful on the same GPU host)."""
+        payload: dict[str, Any] = {
+            "serialized_named_tensors": serialized_named_tensors,
+            "load_format": load_format,
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return await self._call_update("/update_weights_from_tensor", payload, timeout, _Retry.BEFORE_SEND)
+
+    # ---- transport
+
+    async def _probe(self, endpoint: str, timeout: float | None) -> bool:
+        try:
+            await self._call("GET", endpoint, None, timeout=timeout, retry=_Retry.BEFORE_SEND, attempts=1)
+        except EngineError:
+            return False
+        return True
+
+    async def _call_json(self, method: str, endpoint: str, *, timeout: float | None) -> dict[str, Any]:
+        result = await self._call(method, endpoint, None, timeout=timeout)
+        if not isinstance(result, dict):
+            raise EngineHTTPError(self.url, endpoint, 200, f"expected a JSON object, got {_excerpt(result)}")
+        return result
+
+    async def _call_update(
+        self, endpoint: str, payload: dict[str, Any], timeout: float | None, retry: _Retry
+    ) -> dict[str, Any]:
+        result = await self._call("POST", endpoint, payload, timeout=timeout, retry=retry)
+        if not isinstance(result, dict):
+            result = {"success": True, "message": str(result)}
+        # SGLang answers 400 on failure, but some versions and proxies answer 200 with
+        # success=false; both must surface as an error, never as a silent no-op update.
+        if result.get("success") is False:
+            raise EngineHTTPError(self.url, endpoint, 200, str(result.get("message", result)))
+        return result
+
+    async def _call(
+        self,
+        method: str,
+        endpoint: str,
+        payload: Any,
+        *,
+        timeout: float | None,
+        retry: _Retry = _Retry.IDEMPOTENT,
+        attempts: int | None = None,
+    ) -> Any:
+        """One logical call with retries; returns the decoded JSON body, or the text if not JSON."""
+        attempts = attempts or self.retry.attempts
+        for attempt in range(attempts):
+            try:
+                return await self._send_once(method, endpoint, payload, timeout)
+            except EngineError as error:
+                if attempt + 1 >= attempts or not _retryable(error, retry):
+                    raise
+                delay = self.retry.delay(attempt)
+                log.warning("%s; retrying in %.2f s (attempt %d of %d)", error, delay, attempt + 2, attempts)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _send_once(self, method: str, endpoint: str, payload: Any, timeout: float | None) -> Any:
+        session = self._get_session()
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        data = None
+        if payload is not None:
+            data = orjson.dumps(payload)
+            headers["Content-Type"] = "application/json"
+        total = self.timeout if timeout is None else timeout
+        try:
+            async with session.request(
+                method,
+                self.url + endpoint,
+                data=data,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=total),
+            ) as response:
+                body = await response.read()
+                status = response.status
+        except aiohttp.ClientConnectorError as exc:
+            raise EngineUnreachable(self.url, endpoint, None, _connect_message(exc)) from exc
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise EngineTimeout(self.url, endpoint, None, f"no answer within {total} s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            # Sent (at least partly) but the connection broke: the server may have acted on it.
+            raise EngineConnectionError(self.url, endpoint, None, f"{type(exc).__name__}: {exc}") from exc
+        if status >= 400:
+            raise EngineHTTPError(self.url, endpoint, status, _error_message(body))
+        return _decode(body)
+
+
+def _retryable(error: EngineError, retry: _Retry) -> bool:
+    if isinstance(error, EngineUnreachable):
+        return True
+    if retry is _Retry.BEFORE_SEND:
+        return False
+    if isinstance(error, EngineConnectionError):
+        return True
+    return isinstance(error, EngineHTTPError) and error.status is not None and error.status >= 500
+
+
+def _connect_message(exc: aiohttp.ClientConnectorError) -> str:
+    reason = exc.os_error.strerror if exc.os_error is not None and exc.os_error.strerror else str(exc)
+    return f"cannot connect: {reason}"
+
+
+def _decode(body: bytes) -> Any:
+    if not body:
+        return None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode("utf-8", "replace")
+
+
+def _error_message(body: bytes) -> str:
+    """The server's own words, from any of the error shapes SGLang and FastAPI produce."""
+    decoded = _decode(body)
+    if isinstance(decoded, dict):
+        error = decoded.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        for key in ("message", "detail", "error"):
+            if decoded.get(key):
+                return str(decoded[key])
+    if decoded is None:
+        return "(empty body)"
+    return _excerpt(decoded)
+
+
+def _excerpt(value: Any, limit: int = 500) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,57 @@
+"""A process group for weight broadcast that lives beside (not inside) the default group.
+
+The trainer's rank 0 runs inside torchrun and already owns a default process group; an
+inference engine runs in another process tree and has none. Both sides call
+`init_custom_process_group` with the same init_method/world_size/group_name (trainer rank 0,
+engines rank_offset + i) and get a group they can `torch.distributed.broadcast` on, with
+`src` meaning the rank inside this group. The same approach is what SGLang and verl use
+for `init_weights_update_group`; it relies on c10d's private `_new_process_group_helper`,
+so this module is the one place to fix when torch changes it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+DEFAULT_TIMEOUT = timedelta(minutes=10)
+
+
+def init_custom_process_group(
+    backend: str,
+    init_method: str,
+    world_size: int,
+    rank: int,
+    group_name: str,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+) -> dist.ProcessGroup:
+    """Create a `world_size` group over `init_method` (e.g. "tcp://127.0.0.1:29555").
+
+    Blocks until every rank has joined. Does not create, use or require the default group.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size} for group {group_name!r}")
+    store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    # An empty rank list makes c10d skip the "am I in the default group" membership check,
+    # which is what lets a process without a default group build this one.
+    created = c10d._new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        backend,
+        store,
+        group_name=group_name,
+        timeout=timeout,
+    )
+    group = created[0] if isinstance(created, tuple) else created
+    # Collectives translate `src`/`dst` through this map; identity = ranks of this group.
+    c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
+
+
+def destroy_custom_process_group(group: dist.ProcessGroup) -> None:
+    """Tear down a group made by `init_custom_process_group`."""
+    dist.destroy_process_group(group)

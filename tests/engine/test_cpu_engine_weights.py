@@ -1,0 +1,285 @@
+"""CPU engine weight updates (disk and gloo broadcast) and start-up failures.
+
+These tests change the served weights, so they run their own engine. The distributed tests
+start a real second process that plays trainer rank 0: it joins the weight-update group
+with `init_custom_process_group` and broadcasts tensors in the order of `names`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from slime_async.tiny_model import build_tiny_model
+from tests.engine.conftest import REPO_ROOT, run_engine
+
+PROMPT = [5, 6, 7, 8, 9]
+GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+
+TRAINER_SCRIPT = """
+import json, sys
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from slime_async.weight_group import init_custom_process_group, destroy_custom_process_group
+
+port, weights_file, plan_file = sys.argv[1], sys.argv[2], sys.argv[3]
+plan = json.load(open(plan_file))
+weights = load_file(weights_file)
+group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", 2, 0, plan["group_name"])
+for update in plan["updates"]:
+    for name, dtype, shape in zip(update["names"], update["dtypes"], update["shapes"]):
+        # Send what was announced, even when the announcement is wrong (that is the test).
+        tensor = weights.get(name, torch.zeros(shape)).reshape(-1)[: torch.Size(shape).numel()]
+        dist.broadcast(tensor.reshape(shape).to(getattr(torch, dtype)).contiguous(), src=0, group=group)
+destroy_custom_process_group(group)
+print("trainer done", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def weights_engine_url(tiny_model_dir: Path) -> Iterator[str]:
+    with run_engine(tiny_model_dir) as url:
+        yield url
+
+
+async def post(http: aiohttp.ClientSession, url: str, path: str, body: dict) -> tuple[int, Any]:
+    async with http.post(url + path, json=body) as resp:
+        return resp.status, await resp.json()
+
+
+async def greedy(http: aiohttp.ClientSession, url: str) -> dict:
+    status, out = await post(http, url, "/generate", {"input_ids": PROMPT, "sampling_params": GREEDY})
+    assert status == 200, out
+    return out
+
+
+def reference_greedy(model_dir: Path) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = model.generate(torch.tensor([PROMPT]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(PROMPT) :].tolist()
+
+
+def copy_with_tensors(src: Path, dst: Path, change: Any) -> Path:
+    """A model dir like `src` whose tensors went through `change(dict) -> dict`."""
+    shutil.copytree(src, dst)
+    tensors = change(load_file(src / "model.safetensors"))
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+@pytest.fixture(scope="module")
+def bad_checkpoints(tmp_path_factory: pytest.TempPathFactory, other_weights_dir: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bad-checkpoints")
+    first = next(iter(load_file(other_weights_dir / "model.safetensors")))
+    return {
+        "missing dir": root / "does-not-exist",
+        "wrong shape": build_tiny_model(root / "wider", hidden_size=32),
+        "unknown name": copy_with_tensors(
+            other_weights_dir, root / "extra", lambda t: {**t, "model.extra.weight": torch.ones(2)}
+        ),
+        "missing tensor": copy_with_tensors(
+            other_weights_dir, root / "partial", lambda t: {k: v for k, v in t.items() if k != first}
+        ),
+        "integer dtype": copy_with_tensors(
+            other_weights_dir, root / "ints", lambda t: {**t, first: t[first].to(torch.int32)}
+        ),
+    }
+
+
+async def test_disk_update_changes_greedy_output_and_weight_version(
+    weights_engine_url, http, tiny_model_dir, other_weights_dir
+):
+    status, body = await post(
+        http,
+        weights_engine_url,
+        "/update_weights_from_disk",
+        {"model_path": str(other_weights_dir), "weight_version": "v1"},
+    )
+    assert status == 200 and body["success"] is True, body
+    out = await greedy(http, weights_engine_url)
+    assert out["output_ids"] == reference_greedy(other_weights_dir)
+    assert out["meta_info"]["weight_version"] == "v1"
+    async with http.get(weights_engine_url + "/get_model_info") as resp:
+        assert (await resp.json())["model_path"] == str(other_weights_dir)
+    # Loading the original back restores its exact behaviour.
+    await post(
+        http,
+        weights_engine_url,
+        "/update_weights_from_disk",
+        {"model_path": str(tiny_model_dir), "weight_version": "v2"},
+    )
+    assert (await greedy(http, weights_engine_url))["output_ids"] == reference_greedy(tiny_model_dir)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing dir", "does not exist"),
+        ("wrong shape", "shape mismatch"),
+        ("unknown name", "unknown parameter name 'model.extra.weight'"),
+        ("missing tensor", "lacks 1 parameter"),
+        ("integer dtype", "non-floating dtype"),
+    ],
+)
+async def test_failed_disk_update_is_rejected_and_old_weights_keep_serving(
+    weights_engine_url, http, bad_checkpoints, case, message
+):
+    before = await greedy(http, weights_engine_url)
+    status, body = await post(
+        http,
+        weights_engine_url,
+        "/update_weights_from_disk",
+        {"model_path": str(bad_checkpoints[case]), "weight_version": "bad"},
+    )
+    assert status == 400 and body["success"] is False
+    assert message in body["message"]
+    after = await greedy(http, weights_engine_url)
+    assert after["output_ids"] == before["output_ids"]
+    assert after["meta_info"]["weight_version"] == before["meta_info"]["weight_version"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def broadcast_updates(
+    http: aiohttp.ClientSession, url: str, tmp_path: Path, weights_dir: Path, group_name: str, updates: list[dict]
+) -> list[tuple[int, Any, dict]]:
+    """Run a trainer process through init -> the updates in order -> destroy.
+
+    Returns, per update, the HTTP status, the answer and a greedy generation made right after.
+    """
+    port = free_port()
+    (tmp_path / "trainer.py").write_text(TRAINER_SCRIPT)
+    (tmp_path / "plan.json").write_text(json.dumps({"group_name": group_name, "updates": updates}))
+    trainer = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(tmp_path / "trainer.py"),
+        str(port),
+        str(weights_dir / "model.safetensors"),
+        str(tmp_path / "plan.json"),
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        init = {
+            "master_address": "127.0.0.1",
+            "master_port": port,
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": group_name,
+            "backend": "gloo",
+        }
+        status, body = await post(http, url, "/init_weights_update_group", init)
+        assert status == 200 and body["success"], body
+        results = []
+        for update in updates:
+            status, body = await post(
+                http, url, "/update_weights_from_distributed", {**update, "group_name": group_name}
+            )
+            results.append((status, body, await greedy(http, url)))
+        status, body = await post(http, url, "/destroy_weights_update_group", {"group_name": group_name})
+        assert status == 200 and body["success"], body
+        async with asyncio.timeout(60):
+            assert await trainer.wait() == 0
+        return results
+    finally:
+        if trainer.returncode is None:
+            trainer.kill()
+            await trainer.wait()
+
+
+def full_update(weights_dir: Path, weight_version: str) -> dict:
+    tensors = load_file(weights_dir / "model.safetensors")
+    return {
+        "names": list(tensors),
+        "dtypes": ["float32"] * len(tensors),
+        "shapes": [list(t.shape) for t in tensors.values()],
+        "weight_version": weight_version,
+    }
+
+
+def faulty_update(weights_dir: Path, fault: str) -> dict:
+    """A full update whose last tensor is wrongly announced (after good ones were received)."""
+    update = full_update(weights_dir, f"never-{fault}")
+    last = len(update["names"]) - 1
+    if fault == "shape":
+        update["shapes"][last] = [update["shapes"][last][0] - 1, *update["shapes"][last][1:]]
+    elif fault == "dtype":
+        update["dtypes"][last] = "bfloat16"
+    else:
+        update["names"][last] = "model.not_a_weight"
+    return update
+
+
+async def test_distributed_update_broadcasts_new_weights_from_trainer_rank_0(
+    weights_engine_url, http, tmp_path, other_weights_dir, tiny_model_dir
+):
+    [(status, body, _)] = await broadcast_updates(
+        http, weights_engine_url, tmp_path, other_weights_dir, "dist-ok", [full_update(other_weights_dir, "dist-1")]
+    )
+    assert status == 200 and body["success"] is True, body
+    out = await greedy(http, weights_engine_url)
+    assert out["output_ids"] == reference_greedy(other_weights_dir)
+    assert out["meta_info"]["weight_version"] == "dist-1"
+    await post(http, weights_engine_url, "/update_weights_from_disk", {"model_path": str(tiny_model_dir)})
+
+
+async def test_rejected_distributed_updates_keep_old_weights_and_the_group_in_step(
+    weights_engine_url, http, tmp_path, other_weights_dir, tiny_model_dir
+):
+    before = await greedy(http, weights_engine_url)
+    faults = {"shape": "shape mismatch", "dtype": "dtype mismatch", "name": "unknown parameter name"}
+    updates = [faulty_update(other_weights_dir, fault) for fault in faults]
+    # A good update after the rejected ones arrives intact only if every rejected broadcast
+    # was still received (drained), i.e. the group stayed in step.
+    updates.append(full_update(other_weights_dir, "after-faults"))
+    results = await broadcast_updates(http, weights_engine_url, tmp_path, other_weights_dir, "dist-bad", updates)
+    for (status, body, served), message in zip(results, faults.values()):
+        assert status == 400 and body["success"] is False and message in body["message"], body
+        assert served["output_ids"] == before["output_ids"]
+        assert served["meta_info"]["weight_version"] == before["meta_info"]["weight_version"]
+    status, body, served = results[-1]
+    assert status == 200, body
+    assert served["output_ids"] == reference_greedy(other_weights_dir)
+    assert served["meta_info"]["weight_version"] == "after-faults"
+    await post(http, weights_engine_url, "/update_weights_from_disk", {"model_path": str(tiny_model_dir)})
+
+
+async def test_distributed_update_without_a_group_is_rejected(weights_engine_url, http):
+    update = {"names": [], "dtypes": [], "shapes": [], "group_name": "nope"}
+    status, body = await post(http, weights_engine_url, "/update_weights_from_distributed", update)
+    assert status == 400 and "init_weights_update_group" in body["message"]
+
+
+@pytest.mark.parametrize("make_dir", ["missing", "no-config"])
+def test_engine_start_fails_naming_a_bad_model_dir(tmp_path, make_dir):
+    model_dir = tmp_path / "model"
+    if make_dir == "no-config":
+        model_dir.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "actors.engine.cpu", "--model-path", str(model_dir), "--port", "0"],
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert str(model_dir) in proc.stderr

@@ -1,0 +1,116 @@
+"""Tiny random HF checkpoints (Llama, Qwen2, Qwen3) and a torchrun launcher for trainer tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+# Each config covers a different corner: GQA everywhere; llama with a non-default RoPE theta
+# and untied head; qwen2 with qkv bias, tied embeddings and a vocab that TP=2 must pad;
+# qwen3 with qk-norm and head_dim != hidden / heads.
+TINY_CONFIGS: dict[str, dict] = {
+    "llama": dict(
+        model_type="llama", vocab_size=128, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+    ),
+    "qwen2": dict(model_type="qwen2", vocab_size=127, tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", vocab_size=128, tie_word_embeddings=False, head_dim=32),
+}
+
+
+def _make_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+def build_tiny_hf_model(out_dir: Path, arch: str, seed: int = 0) -> Path:
+    """Save a tiny random HF model of ``arch`` (+ tokenizer) to ``out_dir``.
+
+    Weights are re-drawn with a large scale (norm weights around 1, biases non-zero) so that
+    logits are far from uniform and every tensor's mapping shows in a parity check.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(TINY_CONFIGS[arch])
+    model_type = spec.pop("model_type")
+    config = AutoConfig.for_model(
+        model_type,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=1,
+        pad_token_id=0,
+        **spec,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            else:
+                param.normal_(0.0, 0.2)
+    model.save_pretrained(out_dir)
+    _make_tokenizer(config.vocab_size).save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """arch -> directory of a saved tiny HF checkpoint, for every arch in TINY_CONFIGS."""
+    root = tmp_path_factory.mktemp("tiny_hf")
+    return {arch: build_tiny_hf_model(root / arch, arch) for arch in TINY_CONFIGS}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrun(script: str, nproc: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run tests/trainer/scripts/<script> under a real ``torchrun`` with ``nproc`` ranks (gloo)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+        "--master-port", str(_free_port()),
+        str(SCRIPTS / script), *args,
+    ]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"torchrun {script} {' '.join(args)} failed with exit code {proc.returncode}\n"
+            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+        )
+    return proc
+
+
+@pytest.fixture
+def torchrun() -> Callable[..., subprocess.CompletedProcess]:
+    return run_torchrun

@@ -1,0 +1,273 @@
+"""The trainer group driven over torch RPC: real torchrun ranks, real RPC, real CPU engine.
+
+Three launches, each a scenario recorded once per session and asserted on by several tests:
+- ``tp2``: 2 ranks, TP=2 (the qwen2 tiny model's vocab of 127 is padded to 128): logprobs,
+  reference, 4 train steps with a ticker, HF export, weight broadcast into a CPU engine, and
+  finally kill -9 of rank 1;
+- ``dp2``: 2 ranks, DP=2, TP=1: the same 3 steps (TP=1 vs TP=2), save, a 4th step, then SFT;
+- ``resumed``: a new dp2 group loads that checkpoint and takes the 4th step again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from actors.trainer.actor import TrainerRankDied, update_engine_weights
+from actors.trainer.protocol import WeightGroupSpec
+from slime_async.actor import ActorFailed
+from slime_async.engine_client import EngineClient
+from worker_fixtures import (
+    PPO_KL,
+    SFT,
+    count_ticks_during,
+    env_threads,
+    fixed_batch,
+    free_port,
+    running_trainer,
+    start_cpu_engine,
+    trainer_config,
+    transformers_greedy,
+    transformers_logprobs,
+)
+
+pytestmark = pytest.mark.slow
+
+GREEDY_PROMPT = [3, 17, 25, 9, 40]
+SFT_STEPS = 20
+
+
+@dataclass
+class Run:
+    logprobs0: list[list[float]] = field(default_factory=list)
+    entropy0: list[list[float]] = field(default_factory=list)
+    ref_logprobs: list[list[float]] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+    ticks: int = 0
+    ticker_finished_first: bool = False
+    logprobs_after: list[list[float]] = field(default_factory=list)
+    export_dir: Path | None = None
+    engine_tokens: list[int] = field(default_factory=list)
+    tensors_sent: int = 0
+    death_seen_by_call: BaseException | None = None
+    death_seen_by_supervisor: BaseException | None = None
+    death_report_s: float = 0.0
+    killed_rank: int = -1
+    sft_losses: list[float] = field(default_factory=list)
+    ckpt_dir: Path | None = None
+    batch_after_logprobs: object = None
+
+
+async def _logprobs(trainer, batch, model="actor"):
+    rows = await trainer.ask("compute_logprobs", batch, model=model, timeout=None)
+    return [r.logprobs for r in rows], [r.entropy for r in rows]
+
+
+async def _tp2_scenario(hf_dir: Path, work: Path) -> Run:
+    run = Run()
+    config = trainer_config(hf_dir, procs=2, tp=2, use_reference=True)
+    t0 = time.monotonic()
+    engine_ref, url = await start_cpu_engine(hf_dir, work / "logs")
+    print(f"tp2: engine up after {time.monotonic() - t0:.1f} s")
+    try:
+        async with running_trainer(config, work / "logs") as trainer:
+            print(f"tp2: trainer up after {time.monotonic() - t0:.1f} s")
+            run.logprobs0, run.entropy0 = await _logprobs(trainer, fixed_batch())
+            run.ref_logprobs, _ = await _logprobs(trainer, fixed_batch(), model="ref")
+            batch = fixed_batch(old_logprobs=run.logprobs0, ref_logprobs=run.ref_logprobs)
+            step, run.ticks, run.ticker_finished_first = await count_ticks_during(
+                trainer.ask("train_step", batch, PPO_KL, timeout=None)
+            )
+            run.steps.append(step)
+            for _ in range(3):
+                run.steps.append(await trainer.ask("train_step", batch, PPO_KL, timeout=None))
+
+            run.export_dir = work / "export"
+            await trainer.ask("export_hf", str(run.export_dir), timeout=None)
+            run.logprobs_after, _ = await _logprobs(trainer, fixed_batch())
+
+            spec = WeightGroupSpec("127.0.0.1", free_port(), world_size=2, group_name="sync-test")
+            async with EngineClient(url) as engine:
+                run.tensors_sent = await update_engine_weights(trainer, [engine], spec, weight_version="1", timeout=120)
+                answer = await engine.generate(
+                    GREEDY_PROMPT, {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
+                )
+                run.engine_tokens = list(answer["output_ids"])
+
+            print(f"tp2: weights synced after {time.monotonic() - t0:.1f} s")
+            # kill -9 a rank while a step is in flight.
+            info = (await trainer.ask("rank_info"))[1]
+            run.killed_rank = info.rank
+            pending = asyncio.ensure_future(trainer.ask("train_step", batch, PPO_KL, timeout=None))
+            await asyncio.sleep(0)
+            killed_at = time.monotonic()
+            os.kill(info.pid, signal.SIGKILL)
+            async with asyncio.timeout(60):  # a guard against a hang, not a measurement
+                try:
+                    await pending
+                except Exception as error:  # noqa: BLE001 - recorded for the assertions
+                    run.death_seen_by_call = error
+                run.death_report_s = time.monotonic() - killed_at
+                try:
+                    await trainer.wait()
+                except ActorFailed as failure:
+                    run.death_seen_by_supervisor = failure.error
+    finally:
+        await engine_ref.stop()
+    return run
+
+
+async def _dp2_scenario(hf_dir: Path, work: Path) -> Run:
+    run = Run()
+    config = trainer_config(hf_dir, procs=2, tp=1, use_reference=True)
+    async with running_trainer(config, work / "logs") as trainer:
+        run.logprobs0, run.entropy0 = await _logprobs(trainer, fixed_batch())
+        run.ref_logprobs, _ = await _logprobs(trainer, fixed_batch(), model="ref")
+        batch = fixed_batch(old_logprobs=run.logprobs0, ref_logprobs=run.ref_logprobs)
+        for _ in range(3):
+            run.steps.append(await trainer.ask("train_step", batch, PPO_KL, timeout=None))
+        run.ckpt_dir = work / "ckpt"
+        await trainer.ask("save", str(run.ckpt_dir), timeout=None)
+        run.steps.append(await trainer.ask("train_step", batch, PPO_KL, timeout=None))
+        for _ in range(SFT_STEPS):
+            metrics = await trainer.ask("train_step", fixed_batch(), SFT, timeout=None)
+            run.sft_losses.append(metrics["loss"])
+    return run
+
+
+async def _resumed_scenario(hf_dir: Path, work: Path, dp2: Run) -> Run:
+    run = Run()
+    config = trainer_config(hf_dir, procs=2, tp=1, use_reference=True)
+    async with running_trainer(config, work / "logs") as trainer:
+        step = await trainer.ask("load", str(dp2.ckpt_dir), timeout=None)
+        assert step == 3, f"checkpoint step {step}"
+        batch = fixed_batch(old_logprobs=dp2.logprobs0, ref_logprobs=dp2.ref_logprobs)
+        run.steps.append(await trainer.ask("train_step", batch, PPO_KL, timeout=None))
+    return run
+
+
+@pytest.fixture(scope="session")
+def tp2_run(tiny_hf_dirs, tmp_path_factory) -> Run:
+    env_threads()
+    return asyncio.run(_tp2_scenario(tiny_hf_dirs["qwen2"], tmp_path_factory.mktemp("tp2")))
+
+
+@pytest.fixture(scope="session")
+def dp2_run(tiny_hf_dirs, tmp_path_factory) -> Run:
+    env_threads()
+    return asyncio.run(_dp2_scenario(tiny_hf_dirs["qwen2"], tmp_path_factory.mktemp("dp2")))
+
+
+@pytest.fixture(scope="session")
+def resumed_run(tiny_hf_dirs, tmp_path_factory, dp2_run) -> Run:
+    env_threads()
+    return asyncio.run(_resumed_scenario(tiny_hf_dirs["qwen2"], tmp_path_factory.mktemp("resumed"), dp2_run))
+
+
+def _max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    assert [len(r) for r in a] == [len(r) for r in b]
+    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
+# ----- logprobs ------------------------------------------------------------------------------
+
+
+def test_tp2_logprobs_equal_transformers_recompute_at_the_rollout_temperature(tp2_run, tiny_hf_dirs):
+    expected = transformers_logprobs(tiny_hf_dirs["qwen2"], fixed_batch())
+    assert _max_abs_diff(tp2_run.logprobs0, expected) < 1e-5
+
+
+def test_dp2_logprobs_equal_transformers_recompute(dp2_run, tiny_hf_dirs):
+    expected = transformers_logprobs(tiny_hf_dirs["qwen2"], fixed_batch())
+    assert _max_abs_diff(dp2_run.logprobs0, expected) < 1e-5
+
+
+def test_reference_logprobs_are_the_initial_weights(tp2_run):
+    assert _max_abs_diff(tp2_run.ref_logprobs, tp2_run.logprobs0) == 0.0
+
+
+def test_entropy_is_positive_and_bounded_by_log_vocab(tp2_run):
+    import math
+
+    values = [h for row in tp2_run.entropy0 for h in row]
+    assert all(0.0 < h <= math.log(127) + 1e-5 for h in values)
+
+
+# ----- training ------------------------------------------------------------------------------
+
+
+def test_event_loop_keeps_ticking_while_a_train_step_is_in_flight(tp2_run):
+    assert tp2_run.ticker_finished_first, f"only {tp2_run.ticks} ticks before the train step returned"
+
+
+def test_train_step_reports_loss_parts_grad_norm_lr_and_clip_fraction(tp2_run):
+    metrics = tp2_run.steps[0]
+    for key in ("loss", "pg_loss", "kl_loss", "entropy", "pg_clipfrac", "ppo_kl", "grad_norm", "lr", "tis_clipfrac"):
+        assert key in metrics, key
+    assert metrics["update_successful"] == 1.0
+    # Megatron's warmup: lr_warmup_iters=2 from lr_warmup_init=0 to lr=1e-3, stepped after each update.
+    assert [round(s["lr"], 9) for s in tp2_run.steps] == [0.0, 0.0005, 0.001, 0.001]
+
+
+def test_tp2_and_tp1_give_the_same_losses_and_grad_norms_for_three_steps(tp2_run, dp2_run):
+    for step, (a, b) in enumerate(zip(tp2_run.steps[:3], dp2_run.steps[:3]), start=1):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5), f"step {step}"
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5), f"step {step}"
+        assert a["kl_loss"] == pytest.approx(b["kl_loss"], abs=1e-5), f"step {step}"
+
+
+def test_training_changes_the_loss_once_the_lr_is_non_zero(tp2_run):
+    losses = [s["loss"] for s in tp2_run.steps]
+    assert losses[1] == losses[0]  # the first step ran at lr 0 (warmup start)
+    assert len(set(losses[1:])) == 3
+
+
+def test_a_fixed_batch_trained_for_twenty_steps_lowers_the_loss(dp2_run):
+    losses = dp2_run.sft_losses
+    assert len(losses) == SFT_STEPS
+    assert losses[-1] < 0.5 * losses[0]
+
+
+# ----- checkpoints, export, weight sync ---------------------------------------------------------------
+
+
+def test_save_new_process_load_gives_the_uninterrupted_next_step_bit_exactly(dp2_run, resumed_run):
+    uninterrupted, resumed = dp2_run.steps[3], resumed_run.steps[0]
+    assert resumed["loss"] == uninterrupted["loss"]
+    assert resumed["grad_norm"] == uninterrupted["grad_norm"]
+    assert resumed["lr"] == uninterrupted["lr"]
+
+
+def test_exported_hf_checkpoint_loads_in_transformers_and_matches_the_trainer(tp2_run):
+    expected = transformers_logprobs(tp2_run.export_dir, fixed_batch())
+    assert _max_abs_diff(tp2_run.logprobs_after, expected) < 1e-5
+    assert _max_abs_diff(tp2_run.logprobs_after, tp2_run.logprobs0) > 1e-3  # the weights did change
+
+
+def test_distributed_weight_update_makes_the_cpu_engine_greedy_equal_transformers_on_the_export(tp2_run):
+    assert tp2_run.tensors_sent > 0
+    assert tp2_run.engine_tokens == transformers_greedy(tp2_run.export_dir, GREEDY_PROMPT, 8)
+
+
+# ----- failure ---------------------------------------------------------------------------------------
+
+
+def test_a_killed_rank_fails_the_pending_call_with_the_rank_and_log_tail(tp2_run):
+    error = tp2_run.death_seen_by_call
+    assert isinstance(error, TrainerRankDied), repr(error)
+    assert error.rank == tp2_run.killed_rank == 1
+    assert "trainer rank 1" in str(error)
+    assert "last lines of" in str(error) and "trainer-torchrun.log" in str(error)
+
+
+def test_a_killed_rank_fails_the_trainer_actor_for_its_supervisor(tp2_run):
+    error = tp2_run.death_seen_by_supervisor
+    assert isinstance(error, TrainerRankDied), repr(error)
+    assert error.rank == 1
+    print(f"death reported {tp2_run.death_report_s:.2f} s after kill -9")
