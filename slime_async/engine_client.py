@@ -183,6 +183,8 @@ class EngineClient:
 
     Pass `session` to share one connection pool between many clients (the router holds one
     per process); otherwise the client creates its own on first use and `close()` closes it.
+    `timeout` (seconds, None = no limit) applies to every call whose own `timeout` is None;
+    health probes and info calls default to short timeouts of their own.
     """
 
     def __init__(
@@ -200,6 +202,7 @@ class EngineClient:
         self.retry = retry or RetryPolicy()
         self._session = session
         self._owns_session = session is None
+        self._old_endpoints: set[str] = set()  # renamed endpoints this engine only knows by the old name
 
     # ---- lifecycle
 
@@ -281,10 +284,12 @@ class EngineClient:
         return await self._probe("/health_generate", timeout)
 
     async def get_model_info(self, *, timeout: float | None = 30.0) -> dict[str, Any]:
-        return await self._call_json("GET", "/get_model_info", timeout=timeout)
+        """Model path, weight version, ...: `/model_info`, or `/get_model_info` on older SGLang."""
+        return await self._call_renamed("/model_info", "/get_model_info", timeout)
 
     async def get_server_info(self, *, timeout: float | None = 30.0) -> dict[str, Any]:
-        return await self._call_json("GET", "/get_server_info", timeout=timeout)
+        """ServerArgs plus scheduler info: `/server_info`, or `/get_server_info` on older SGLang."""
+        return await self._call_renamed("/server_info", "/get_server_info", timeout)
 
     async def get_loads(self, *, timeout: float | None = 10.0) -> dict[str, Any]:
         """`GET /v1/loads`: per-DP-rank load as the engine reports it (see `request_counts`)."""
@@ -413,6 +418,18 @@ class EngineClient:
         except EngineError:
             return False
         return True
+
+    async def _call_renamed(self, endpoint: str, old_endpoint: str, timeout: float | None) -> dict[str, Any]:
+        """GET an endpoint SGLang renamed: 0.5.17 deprecates `/get_*_info` in favour of `/*_info`,
+        which older versions lack. The first 404 on the new name switches this client to the old one."""
+        if endpoint not in self._old_endpoints:
+            try:
+                return await self._call_json("GET", endpoint, timeout=timeout)
+            except EngineHTTPError as error:
+                if error.status != 404:
+                    raise
+                self._old_endpoints.add(endpoint)
+        return await self._call_json("GET", old_endpoint, timeout=timeout)
 
     async def _call_json(self, method: str, endpoint: str, *, timeout: float | None) -> dict[str, Any]:
         result = await self._call(method, endpoint, None, timeout=timeout)

@@ -28,6 +28,23 @@ class RpcError(RuntimeError):
     """An RPC call failed (the remote raised, the peer is gone, or the call timed out)."""
 
 
+def _reset_torch_rpc_bookkeeping() -> None:
+    """Let this process join a *new* RPC group after leaving an earlier one (a restart).
+
+    torch keeps per-process counters that must match between the peers of a group: the
+    rendezvous key prefix ("rpc_prefix_<number of earlier init_rpc calls>") and the sequence
+    numbers of its internal all-gather (keyed by the worker names). Freshly started workers
+    count from 0, a supervisor that already ran a group does not, so the two would never
+    meet (pytorch/pytorch#46491). Each bridge rendezvous on a fresh store, so starting both
+    from 0 again is safe. Private torch state: re-check on a torch upgrade
+    (tests/trainer/test_rpc_bridge.py restarts a group in one process).
+    """
+    with rpc._init_counter_lock:
+        rpc._init_counter = 0
+    rpc.api._all_gather_sequence_id.clear()
+    rpc.api._all_gather_sequence_id_to_states.clear()
+
+
 class RpcBridge:
     def __init__(
         self,
@@ -67,6 +84,7 @@ class RpcBridge:
 
         def join() -> None:
             try:
+                _reset_torch_rpc_bookkeeping()
                 options = rpc.TensorPipeRpcBackendOptions(
                     init_method=self.init_method, rpc_timeout=self.start_timeout
                 )

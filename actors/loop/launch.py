@@ -50,6 +50,12 @@ def _load_tokenizer(config: RunConfig):
     return AutoTokenizer.from_pretrained(config.trainer.hf_checkpoint)
 
 
+def _vocab_size(config: RunConfig) -> int | None:
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(config.trainer.hf_checkpoint), "vocab_size", None)
+
+
 def _dataset(config: RunConfig, path: str, tokenizer, *, shuffle: bool, num_epoch: int) -> PromptDataset:
     r = config.rollout
     return PromptDataset(path, tokenizer=tokenizer, input_key=r.input_key, label_key=r.label_key,
@@ -92,7 +98,7 @@ async def _main(config: RunConfig, run_dir: Path) -> int:
         specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, logs))))
     specs.append(ChildSpec("rollout", lambda: spawn(RolloutActor(
         r, router=child("router"), buffer=child("buffer"), dataset=dataset, tokenizer=tokenizer,
-        request_timeout=config.engine.engine_request_timeout))))
+        request_timeout=config.engine.engine_request_timeout, vocab_size=_vocab_size(config)))))
     root = Supervisor("slime-async", specs, max_restarts=0, max_seconds=1)
 
     async def main(_root: Supervisor) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 from actors.loop.batching import build_train_batch
 from actors.loop.checkpoint import RunCheckpointer
+from actors.loop.debug_dump import dump_groups
 from actors.loop.weight_sync import WeightSync
 from slime_async.actor import ActorRef
 from slime_async.config.run import RunConfig
@@ -55,10 +56,14 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
         batch, metrics = build_train_batch(
             groups, spec, train_version=version, temperature=rollout_cfg.rollout_temperature or 1.0,
             max_staleness=config.max_staleness, mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout)
+        if config.train.save_debug_rollout_data:
+            dump_groups(config.train.save_debug_rollout_data, step + 1, groups)
         if h.trainer is not None:
+            train_started = time.monotonic()
             train_metrics = await h.trainer.ask("train_step", batch, spec,
                                                 max_response_len=rollout_cfg.rollout_max_response_len, timeout=None)
             metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+            metrics["perf/train_time"] = time.monotonic() - train_started
         step += 1
         if h.weight_sync is not None and step % config.train.update_weights_interval == 0:
             version += 1

@@ -41,6 +41,7 @@ class _Window:
     truncated: int = 0
     resumed: int = 0
     tokens: int = 0
+    busy_time: float = 0.0  # seconds with at least one generation in flight
     started: float = field(default_factory=time.monotonic)
 
 
@@ -48,12 +49,13 @@ class RolloutActor(Actor):
     name = "rollout"
 
     def __init__(self, config: RolloutConfig, *, router: ActorRef, buffer: ActorRef, dataset: Any,
-                 tokenizer: Any, request_timeout: float | None = None, name: str | None = None):
+                 tokenizer: Any, request_timeout: float | None = None, vocab_size: int | None = None,
+                 name: str | None = None):
         super().__init__(name)
         self.config = config
         self.buffer = buffer
         self.dataset = dataset
-        self.ctx = GenerateContext(router, tokenizer, config, request_timeout)
+        self.ctx = GenerateContext(router, tokenizer, config, request_timeout, vocab_size)
         self.scorer = RewardScorer(config, self.ctx)
         self.generate_fn = default_generate
         if config.custom_generate_function_path:
@@ -72,6 +74,8 @@ class RolloutActor(Actor):
         self._retry: list[tuple[Any, int]] = []  # (prompt, attempts) of groups that hit engine errors
         self._in_flight_prompts: dict[int, Any] = {}  # group index -> prompt, for checkpoints
         self._producer: asyncio.Task | None = None
+        self._generating = 0
+        self._busy_since = time.monotonic()
         self.exhausted = False
 
     # ----- handlers ---------------------------------------------------------------------------
@@ -99,6 +103,7 @@ class RolloutActor(Actor):
 
     def metrics(self) -> dict[str, float]:
         """``rollout/*`` scalars since the last call."""
+        self._busy_change(0)  # close the open busy interval into this window
         window, self._window = self._window, _Window()
         elapsed = max(time.monotonic() - window.started, 1e-9)
         n = len(window.response_lengths)
@@ -111,6 +116,8 @@ class RolloutActor(Actor):
             "rollout/samples_resumed": float(window.resumed),
             "rollout/tokens": float(window.tokens),
             "perf/rollout_tokens_per_s": window.tokens / elapsed,
+            "perf/engine_busy_time": window.busy_time,
+            "perf/engine_busy_frac": min(1.0, window.busy_time / elapsed),
         }
         if n:
             out["rollout/reward_mean"] = sum(window.rewards) / n
@@ -203,14 +210,26 @@ class RolloutActor(Actor):
 
     async def _generate_sample(self, sample: Sample, params: dict[str, Any]) -> Sample | list[Sample]:
         async with self._slots:
-            result = self.generate_fn(self.ctx, sample, params)
-            if inspect.isawaitable(result):
-                result = await result
+            self._busy_change(+1)
+            try:
+                result = self.generate_fn(self.ctx, sample, params)
+                if inspect.isawaitable(result):
+                    result = await result
+            finally:
+                self._busy_change(-1)
         for s in result if isinstance(result, list) else [result]:
             s.check()
             if s.status is Status.PENDING:
                 s.status = Status.COMPLETED
         return result
+
+    def _busy_change(self, delta: int) -> None:
+        """Track the time at least one generation is in flight (the engines' busy time)."""
+        now = time.monotonic()
+        if self._generating > 0:
+            self._window.busy_time += now - self._busy_since
+        self._busy_since = now
+        self._generating += delta
 
     def _new_sample(self, prompt: Any, group_index: int, index: int) -> Sample:
         return Sample(

@@ -41,10 +41,16 @@ class GenerateContext:
     tokenizer: Any
     config: Any  # RolloutConfig
     request_timeout: float | None = None
+    vocab_size: int | None = None  # the model's (may exceed the tokenizer's, padded)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
                        session_id: str | None = None) -> GenerateOutput:
         """One raw request through the router (no resume): SGLang's answer, parsed."""
+        # SGLang does not check ids against the vocabulary and its scheduler dies on one that is
+        # out of range: a hook's bad token must fail this sample, not an engine.
+        vocab = self.vocab_size
+        if vocab is not None and input_ids and not 0 <= min(input_ids) <= max(input_ids) < vocab:
+            raise GenerationFailed(f"input_ids hold a token id outside the vocabulary [0, {vocab})")
         response = await self.router.ask("generate", input_ids, sampling_params, session_id=session_id,
                                          timeout=self.request_timeout)
         output = parse_generate_output(response)

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 PauseMode = Literal["abort", "drain"]
 
+# Per /v1/loads poll, the external-load estimate falls 30% of the way to a lower sample.
+LOAD_DECAY = 0.7
+
 
 class RouterError(RuntimeError):
     """A request the router could not serve; the message names the engines it tried."""
@@ -342,15 +345,7 @@ class RouterActor(Actor):
         return {engine.url: engine.state for engine in targets}
 
     async def _weight_version(self, engine: EngineState) -> str | None:
-        try:
-            version = await engine.client.get_weight_version()
-        except EngineHTTPError as error:
-            if error.status != 404:
-                raise
-            # Engines without /get_weight_version report it in /get_model_info.
-            info = await engine.client.get_model_info()
-            version = info.get("weight_version")
-        return None if version is None else str(version)
+        return await engine.client.get_weight_version(timeout=self.config.router_health_timeout)
 
     # ----- health ---------------------------------------------------------------------------------
     async def _health_loop(self) -> None:
@@ -418,7 +413,11 @@ class RouterActor(Actor):
             engine.loads_supported = False
             return
         # The engine's count includes our own requests; what is beyond them is other traffic.
-        engine.external_load = max(0.0, total - engine.in_flight)
+        sample = max(0.0, total - engine.in_flight)
+        # Rise at once, fall slowly: another client's requests finish in batches and are
+        # re-sent a moment later, and a session moved into such a dip would pay for it with
+        # its prefix cache only to be moved back.
+        engine.external_load = max(sample, LOAD_DECAY * engine.external_load + (1 - LOAD_DECAY) * sample)
 
     # ----- state changes --------------------------------------------------------------------------
     def _add(self, url: str, health: Health, reason: str = "") -> EngineState:

@@ -37,7 +37,7 @@ from torch import Tensor
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
-# Megatron TransformerConfig fields this bridge sets from the HF config; overrides win.
+# Files that are weights (not copied with the config / tokenizer when exporting).
 _WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _WEIGHT_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
@@ -106,7 +106,6 @@ def transformer_config_from_hf(hf_config: Any, **overrides: Any) -> TransformerC
     hf_config = load_hf_config(hf_config)
     _check_supported(hf_config)
     cuda = torch.cuda.is_available()
-    dtype = torch.bfloat16 if cuda else torch.float32
     fields: dict[str, Any] = dict(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -134,19 +133,20 @@ def transformer_config_from_hf(hf_config: Any, **overrides: Any) -> TransformerC
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         use_cpu_initialization=not cuda,
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        bf16=dtype == torch.bfloat16,
+        bf16=cuda,
     )
     if parallel_state.model_parallel_is_initialized():
         fields["tensor_model_parallel_size"] = parallel_state.get_tensor_model_parallel_world_size()
         fields["pipeline_model_parallel_size"] = parallel_state.get_pipeline_model_parallel_world_size()
     fields.update(overrides)
-    if fields.get("bf16") and "params_dtype" not in overrides:
-        fields["params_dtype"] = fields["pipeline_dtype"] = torch.bfloat16
-    if fields.get("fp16") and "params_dtype" not in overrides:
-        fields["params_dtype"] = fields["pipeline_dtype"] = torch.float16
+    # Parameter dtype follows the precision flags unless given explicitly.
+    if fields.get("fp16"):
         fields["bf16"] = False
+    if "params_dtype" not in overrides:
+        fields["params_dtype"] = (
+            torch.bfloat16 if fields.get("bf16") else torch.float16 if fields.get("fp16") else torch.float32
+        )
+    fields.setdefault("pipeline_dtype", fields["params_dtype"])
     return TransformerConfig(**fields)
 
 

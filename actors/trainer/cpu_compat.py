@@ -180,8 +180,8 @@ def _problems_with(fallback: CpuFallback) -> list[str]:
         return [f"{fallback.name}: target not found ({exc})"]
     if isinstance(fn, staticmethod):
         fn = fn.__func__
-    if getattr(fn, _PATCHED_MARK, False):
-        return []
+    # Once patched, the check still reads the upstream function the patch was made from.
+    fn = getattr(fn, "__wrapped_upstream__", fn)
     if not isinstance(fn, FunctionType):
         return [f"{fallback.name}: expected a plain function, found {type(fn).__name__}"]
     source = inspect.getsource(fn)

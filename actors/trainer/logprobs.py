@@ -4,8 +4,8 @@ The output layer is column-parallel (``parallel_output=True``): each TP rank hol
 a contiguous slice of the (padded) vocabulary. Gathering the full ``[B, T, V]`` logits on
 every rank would cost TP times the memory, so the softmax statistics are reduced across the
 TP group instead. Sums go through Megatron's ``reduce_from_tensor_model_parallel_region``
-(forward all-reduce, backward identity), which is the correct gradient for a sum whose
-result every rank then uses identically.
+(forward all-reduce, backward identity), which is the correct gradient only when everything
+downstream of the sum is computed from replicated values (see the entropy below).
 
 Semantics match SGLang's logprobs: log-softmax of ``logits / temperature`` at the given token.
 Vocabulary rows at or beyond the HF vocab size are padding (TP divisibility) and are masked out.
@@ -70,8 +70,12 @@ def vocab_parallel_logprobs(
 
     entropy = None
     if with_entropy:
-        # H = -Σ p log p = log Z - Σ p · shifted, with p = exp(shifted) / Z.
-        probs = (shifted - log_z.unsqueeze(-1)).exp()
+        # H = log Z - (Σ e^s · s) / Z. Both sums are reduced *before* they meet, so every term
+        # downstream of a reduction is computed from replicated values and gets the same
+        # gradient on every TP rank (which the identity backward of the reduction requires).
+        # Folding log Z into the local sum, as in Σ p · log p, would not: each rank would
+        # only see its own slice's share of d/d(log Z).
         finite = torch.where(torch.isfinite(shifted), shifted, torch.zeros_like(shifted))
-        entropy = log_z - reduce_from_tensor_model_parallel_region((probs * finite).sum(dim=-1))
+        weighted = reduce_from_tensor_model_parallel_region((shifted.exp() * finite).sum(dim=-1))
+        entropy = log_z - weighted / sum_exp
     return logprobs, entropy

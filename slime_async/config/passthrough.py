@@ -15,21 +15,11 @@ import functools
 import typing
 from typing import Any
 
+from actors.engine.sglang import RUNTIME_OWNED_SGLANG_FIELDS
 from slime_async.config.flags import ConfigError, FieldFlag, convert_value, dataclass_flags, flag_type, suggest
 
 SGLANG_PREFIX = "--sglang-"
 
-# Fields the runtime sets itself on every engine it launches, and the flag that controls each.
-RUNTIME_OWNED_SGLANG_FIELDS: dict[str, str] = {
-    "model_path": "--hf-checkpoint (the policy the trainer serves)",
-    "host": "--engine-host",
-    "port": "--engine-base-port (one port per engine)",
-    "tp_size": "--rollout-num-gpus-per-engine",
-    "base_gpu_id": "--rollout-num-gpus / --rollout-num-gpus-per-engine (GPU assignment)",
-    "nccl_port": "the runtime (a free port per engine)",
-    "dist_init_addr": "the runtime (single-node engines)",
-    "skip_tokenizer_init": "the runtime (it always sends token ids)",
-}
 
 
 @functools.cache

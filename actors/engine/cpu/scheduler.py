@@ -287,13 +287,15 @@ class Scheduler:
         return self.runner.sample(logits, specs)
 
     def _append(self, request: Request, token: int, logprob: float) -> None:
+        # Same order as SGLang's Req.check_finished: the length limit first, then stop
+        # tokens; ignore_eos skips stop_token_ids as well as EOS.
         request.output_ids.append(token)
         request.output_logprobs.append(logprob)
         params = request.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.runner.eos_token_ids):
-            self._finish(request, {"type": "stop", "matched": token})
-        elif len(request.output_ids) >= params.max_new_tokens:
+        if len(request.output_ids) >= params.max_new_tokens:
             self._finish(request, {"type": "length", "length": params.max_new_tokens})
+        elif not params.ignore_eos and (token in params.stop_token_ids or token in self.runner.eos_token_ids):
+            self._finish(request, {"type": "stop", "matched": token})
         elif len(request.input_ids) + len(request.output_ids) >= self.runner.context_len:
             # SGLang clips max_new_tokens to what the context leaves and reports that length.
             self._finish(request, {"type": "length", "length": len(request.output_ids)})

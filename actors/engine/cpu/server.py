@@ -394,6 +394,13 @@ class EngineServer:
         return _json({"success": True, "message": "Succeeded to destroy custom process group."})
 
     async def _swap(self, staged: dict[str, torch.Tensor], body: dict[str, Any]) -> None:
+        """Apply staged weights between two scheduler steps.
+
+        Requests still in flight continue on the new weights (their earlier tokens keep the
+        old version's KV), which is what partial rollout with `token_versions` expects.
+        SGLang instead holds the update until in-flight requests end, so callers pause or
+        abort first either way.
+        """
         if body.get("abort_all_requests", False):
             await self._control(lambda: self.scheduler.abort(abort_all=True))
         flush = bool(body.get("flush_cache", True))
@@ -449,8 +456,13 @@ def _load_tokenizer(model_path: str) -> Any | None:
 async def serve(args: EngineArgs) -> int:
     runner = await asyncio.to_thread(ModelRunner, args.model_path, getattr(torch, args.dtype), args.seed)
     tokenizer = await asyncio.to_thread(_load_tokenizer, runner.model_path)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        # SGLang also stops on the tokenizer's EOS, which a config may not list.
+        runner.eos_token_ids = runner.eos_token_ids | {tokenizer.eos_token_id}
     server = EngineServer(args, runner, tokenizer)
-    app_runner = web.AppRunner(server.app(), handle_signals=False, access_log=None)
+    # handler_cancellation: a client that hangs up cancels its handler, which aborts its
+    # requests (see `generate`) instead of decoding tokens nobody will read.
+    app_runner = web.AppRunner(server.app(), handle_signals=False, access_log=None, handler_cancellation=True)
     await app_runner.setup()
     site = web.TCPSite(app_runner, args.host, args.port)
     await site.start()
