@@ -119,7 +119,7 @@ class TrainerActor(Actor):
             joined.result()
             infos = await asyncio.gather(*(self._call(r, "info") for r in range(self.num_ranks)))
         except BaseException as error:
-            await self._teardown(graceful=False)
+            await self._teardown()
             if isinstance(error, TimeoutError):
                 raise TimeoutError(
                     f"trainer ranks did not start within --trainer-start-timeout "
@@ -179,23 +179,19 @@ class TrainerActor(Actor):
         raise death
 
     async def on_stop(self) -> None:
-        await self._teardown(graceful=self._death is None)
+        await self._teardown()
 
-    async def _teardown(self, graceful: bool) -> None:
+    async def _teardown(self) -> None:
+        """Leave the RPC group, then stop torchrun (SIGTERM to its group, then SIGKILL).
+
+        Ranks are not asked to exit over RPC: a graceful RPC shutdown is a barrier whose
+        bookkeeping only matches on a process's first RPC group (a restarted trainer would
+        hang in it), and ranks hold no state a checkpoint did not already write.
+        """
         bridge, self.bridge = self.bridge, None
-        if bridge is not None and bridge.started:
-            acknowledged = False
-            if graceful and self.ranks:
-                try:
-                    async with asyncio.timeout(worker.SHUTDOWN_TIMEOUT):
-                        await asyncio.gather(*(
-                            bridge.call(f"trainer{r}", worker.call, worker.SHUTDOWN) for r in range(self.num_ranks)
-                        ))
-                    acknowledged = True
-                except Exception as error:  # noqa: BLE001 - stopping anyway
-                    log.warning("trainer ranks did not acknowledge shutdown: %r", error)
-            bridge.fail_pending(RuntimeError("the trainer is stopping"))
-            await bridge.shutdown(graceful=acknowledged, timeout=worker.SHUTDOWN_TIMEOUT)
+        if bridge is not None:
+            bridge.fail_pending(RuntimeError(f"the trainer {self.name!r} is stopping"))
+            await bridge.shutdown(graceful=False)
         if self.child_ref is not None:
             await self.child_ref.stop()
 

@@ -13,6 +13,7 @@ DDP averages gradients over DP, so each micro-batch loss is multiplied back by b
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -201,6 +202,7 @@ class TrainerOps:
         Returns the global metrics (summed over micro-batches and DP ranks) on global rank 0
         (on the last pipeline stage's first rank with PP), None elsewhere.
         """
+        started = time.perf_counter()
         loss_spec.validate()
         micro_batches = self._micro_batches(batch)
         scale = len(micro_batches) * parallel_state.get_data_parallel_world_size()
@@ -243,6 +245,8 @@ class TrainerOps:
             update_successful=float(update_ok),
             num_micro_batches=float(len(micro_batches)),
             step=float(self.step),
+            # This rank's wall time for the op, without RPC and the supervisor's work.
+            step_time_s=time.perf_counter() - started,
         )
         return metrics
 

@@ -35,7 +35,6 @@ from actors.trainer.protocol import TrainerOpError
 log = logging.getLogger("actors.trainer.worker")
 
 SHUTDOWN = "shutdown"
-SHUTDOWN_TIMEOUT = 10.0  # seconds for the RPC shutdown barrier
 
 
 @dataclass
@@ -126,12 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     log.info("joined the RPC group as trainer%d", rank)
     try:
         serve(ops, inbox, rank)
-    except BaseException:
+    finally:
+        # Not graceful: that is a barrier with the supervisor, which may be gone or may have
+        # left already (it normally stops the ranks with SIGTERM through torchrun).
         rpc.shutdown(graceful=False)
-        raise
-    # Graceful: a barrier with the supervisor that flushes the reply to the shutdown call;
-    # bounded, since the supervisor may be gone.
-    rpc.shutdown(graceful=True, timeout=SHUTDOWN_TIMEOUT)
     destroy_model_parallel()
     return 0
 

@@ -30,7 +30,8 @@ def test_installed_megatron_core_is_a_version_the_fallbacks_were_tested_with():
     )
 
 
-def test_check_names_the_function_whose_source_no_longer_matches():
+def test_check_names_the_function_whose_source_no_longer_matches_even_after_apply():
+    apply_cpu_compat()  # the check must read upstream source, not the patched copy
     moved = CpuFallback("megatron.core.transformer.utils", "get_default_causal_mask", (("device='tpu'", "x"),), "test")
     missing = CpuFallback("megatron.core.transformer.utils", "no_such_function", (("a", "b"),), "test")
     problems = check_patch_targets((moved, missing))

@@ -146,3 +146,20 @@ async def count_ticks_during(coro) -> tuple[object, int, bool]:
 def env_threads() -> None:
     # Trainer ranks, engine and pytest share 2 cores: one intra-op thread each.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# A bare RPC worker (no Megatron) for the bridge tests: joins as "peer" (rank 1 of 2) and
+# serves until the group shuts down. Targets are stdlib functions, importable on both sides.
+_PEER_CODE = """
+import sys, torch.distributed.rpc as rpc
+options = rpc.TensorPipeRpcBackendOptions(init_method=sys.argv[1], rpc_timeout=60)
+rpc.init_rpc("peer", rank=1, world_size=2, rpc_backend_options=options)
+rpc.shutdown(graceful=True, timeout=60)
+"""
+
+
+def start_rpc_peer(init_method: str):
+    """A subprocess that joins the RPC group at ``init_method`` as worker "peer"."""
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-c", _PEER_CODE, init_method], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
