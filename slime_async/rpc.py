@@ -144,8 +144,9 @@ class RpcBridge:
 
     async def shutdown(self, graceful: bool = False, timeout: float = 10.0) -> None:
         """Leave the RPC group. ``graceful`` waits (up to ``timeout`` s) for every worker to do
-        the same, so in-flight replies are delivered: use it when every worker is alive and
-        shutting down; otherwise leave at once."""
+        the same, so in-flight replies are delivered. Only for a process's *first* group:
+        torch's shutdown barrier keeps per-process state that a later group's fresh workers
+        do not share, so there it waits for the full RPC timeout; leave at once instead."""
         if not self._started:
             return
         self._started = False

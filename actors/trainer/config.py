@@ -28,7 +28,7 @@ class TrainerConfig:
         default=1, metadata={"help": "training ranks on CPU (no GPU): torchrun --nproc-per-node"}
     )
     max_tokens_per_gpu: int | None = field(
-        default=None,
+        default=8192,
         metadata={"help": "token budget of one micro-batch (padded tokens); exclusive with micro_batch_size"},
     )
     micro_batch_size: int | None = field(
@@ -67,8 +67,11 @@ class TrainerConfig:
     def validate(self) -> TrainerConfig:
         if not self.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required for the trainer")
-        if (self.max_tokens_per_gpu is None) == (self.micro_batch_size is None):
-            raise ValueError("set exactly one of --max-tokens-per-gpu and --micro-batch-size")
+        if self.micro_batch_size is not None:
+            # A fixed micro-batch size replaces the (default) token budget.
+            self.max_tokens_per_gpu = None
+        if self.max_tokens_per_gpu is None and self.micro_batch_size is None:
+            raise ValueError("set one of --max-tokens-per-gpu and --micro-batch-size")
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "actor_num_procs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

@@ -117,7 +117,7 @@ def load_config(schema: Schema, argv: list[str], prog: str = "slime-async", desc
             continue
         section, field = dest.split(".", 1)
         flag = by_field[field]
-        values[section][field] = convert_value(flag.ftype, raw, flag.flag)
+        values.setdefault(section, {})[field] = convert_value(flag.ftype, raw, flag.flag)
     sglang.update(resolve_sglang_args(sglang_items))
     if "megatron" in values:
         megatron = values.pop("megatron")

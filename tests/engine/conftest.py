@@ -101,6 +101,12 @@ def _wait_for_health(url: str, proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="session")
+def start_engine() -> Callable[..., contextlib.AbstractContextManager[str]]:
+    """`with start_engine(model_dir, *flags) as url:` runs a private engine for a test module."""
+    return run_engine
+
+
+@pytest.fixture(scope="session")
 def engine_url(tiny_model_dir: Path) -> Iterator[str]:
     """One engine shared by the read-only engine tests (start-up costs seconds of imports).
 

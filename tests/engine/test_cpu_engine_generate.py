@@ -100,13 +100,31 @@ async def test_sampling_seed_makes_sampling_reproducible(engine_url, http):
 
 
 async def test_stop_token_id_ends_generation_with_matched_token(engine_url, http):
-    greedy = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    greedy = {"temperature": 0, "max_new_tokens": 8}
     free = await generate(http, engine_url, input_ids=PROMPT, sampling_params=greedy)
     stop = free["output_ids"][2]
     first_hit = free["output_ids"].index(stop)
     out = await generate(http, engine_url, input_ids=PROMPT, sampling_params={**greedy, "stop_token_ids": [stop]})
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert out["output_ids"] == free["output_ids"][: first_hit + 1]
+
+
+async def test_ignore_eos_also_ignores_stop_token_ids(engine_url, http):
+    greedy = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    free = await generate(http, engine_url, input_ids=PROMPT, sampling_params=greedy)
+    out = await generate(
+        http, engine_url, input_ids=PROMPT, sampling_params={**greedy, "stop_token_ids": [free["output_ids"][1]]}
+    )
+    assert out["output_ids"] == free["output_ids"]
+
+
+async def test_length_limit_wins_over_a_stop_token_on_the_last_step(engine_url, http):
+    greedy = {"temperature": 0, "max_new_tokens": 3}
+    free = await generate(http, engine_url, input_ids=PROMPT, sampling_params=greedy)
+    last = free["output_ids"][-1]
+    assert last not in free["output_ids"][:-1], "precondition: the last greedy token must be new; change PROMPT"
+    out = await generate(http, engine_url, input_ids=PROMPT, sampling_params={**greedy, "stop_token_ids": [last]})
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
 
 
 async def test_max_new_tokens_zero_returns_no_tokens(engine_url, http):

@@ -102,6 +102,15 @@ async def test_abort_all_also_ends_waiting_requests_with_no_tokens(engine_url, h
     assert outs["r2"]["output_ids"] == []
 
 
+async def test_a_client_that_disconnects_has_its_request_aborted(engine_url, http):
+    aborted_before = (await stats(http, engine_url))["num_aborted"]
+    task = start(http, engine_url, [55, 56], LONG)
+    await wait_for_loads(http, engine_url, running=1, waiting=0)
+    task.cancel()  # closes the connection mid-request
+    await wait_for_loads(http, engine_url, running=0, waiting=0)
+    assert (await stats(http, engine_url))["num_aborted"] == aborted_before + 1
+
+
 async def test_pause_abort_returns_running_requests_and_holds_new_ones(engine_url, http):
     running = start(http, engine_url, [70, 71], LONG)
     await wait_for_loads(http, engine_url, running=1, waiting=0)

@@ -1,8 +1,9 @@
 """CPU engine weight updates (disk and gloo broadcast) and start-up failures.
 
-These tests change the served weights, so they run their own engine. The distributed tests
-start a real second process that plays trainer rank 0: it joins the weight-update group
-with `init_custom_process_group` and broadcasts tensors in the order of `names`.
+They use the shared engine and put its original weights and version back after each test
+(fixture `weights_engine_url`), so the other engine tests find it untouched. The distributed
+tests start a real second process that plays trainer rank 0: it joins the weight-update
+group with `init_custom_process_group` and broadcasts tensors in the order of `names`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from slime_async.tiny_model import build_tiny_model
-from tests.engine.conftest import REPO_ROOT, run_engine
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [5, 6, 7, 8, 9]
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
 
@@ -50,10 +51,14 @@ print("trainer done", flush=True)
 """
 
 
-@pytest.fixture(scope="module")
-def weights_engine_url(tiny_model_dir: Path) -> Iterator[str]:
-    with run_engine(tiny_model_dir) as url:
-        yield url
+@pytest.fixture
+async def weights_engine_url(engine_url: str, tiny_model_dir: Path) -> AsyncIterator[str]:
+    """The shared engine; afterwards it serves the original weights as version "default" again."""
+    yield engine_url
+    async with aiohttp.ClientSession() as http:
+        restore = {"model_path": str(tiny_model_dir), "weight_version": "default"}
+        status, body = await post(http, engine_url, "/update_weights_from_disk", restore)
+        assert status == 200, body
 
 
 async def post(http: aiohttp.ClientSession, url: str, path: str, body: dict) -> tuple[int, Any]:
@@ -229,7 +234,7 @@ def faulty_update(weights_dir: Path, fault: str) -> dict:
 
 
 async def test_distributed_update_broadcasts_new_weights_from_trainer_rank_0(
-    weights_engine_url, http, tmp_path, other_weights_dir, tiny_model_dir
+    weights_engine_url, http, tmp_path, other_weights_dir
 ):
     [(status, body, _)] = await broadcast_updates(
         http, weights_engine_url, tmp_path, other_weights_dir, "dist-ok", [full_update(other_weights_dir, "dist-1")]
@@ -238,11 +243,10 @@ async def test_distributed_update_broadcasts_new_weights_from_trainer_rank_0(
     out = await greedy(http, weights_engine_url)
     assert out["output_ids"] == reference_greedy(other_weights_dir)
     assert out["meta_info"]["weight_version"] == "dist-1"
-    await post(http, weights_engine_url, "/update_weights_from_disk", {"model_path": str(tiny_model_dir)})
 
 
 async def test_rejected_distributed_updates_keep_old_weights_and_the_group_in_step(
-    weights_engine_url, http, tmp_path, other_weights_dir, tiny_model_dir
+    weights_engine_url, http, tmp_path, other_weights_dir
 ):
     before = await greedy(http, weights_engine_url)
     faults = {"shape": "shape mismatch", "dtype": "dtype mismatch", "name": "unknown parameter name"}
@@ -259,7 +263,6 @@ async def test_rejected_distributed_updates_keep_old_weights_and_the_group_in_st
     assert status == 200, body
     assert served["output_ids"] == reference_greedy(other_weights_dir)
     assert served["meta_info"]["weight_version"] == "after-faults"
-    await post(http, weights_engine_url, "/update_weights_from_disk", {"model_path": str(tiny_model_dir)})
 
 
 async def test_distributed_update_without_a_group_is_rejected(weights_engine_url, http):
