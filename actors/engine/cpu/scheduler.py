@@ -20,6 +20,7 @@ scheduler over the model's forward with per-sequence caches does all of it in on
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import logging
 import threading
 import time
@@ -117,7 +118,7 @@ class Scheduler:
         self._incoming: list[Request] = []
         self._controls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="cpu-engine-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="cpu-engine-scheduler", daemon=True)
 
     # ---- API for other threads ---------------------------------------------------------
 
@@ -198,6 +199,15 @@ class Scheduler:
 
     # ---- the loop -----------------------------------------------------------------------
 
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:  # noqa: BLE001
+            # Without its scheduler the server would answer HTTP but never generate again:
+            # exit, so the supervisor sees the failure and restarts the engine.
+            logger.exception("cpu engine scheduler died; exiting")
+            os._exit(70)
+
     def _loop(self) -> None:
         while True:
             with self._lock:
@@ -209,6 +219,9 @@ class Scheduler:
                 self._incoming.clear()
                 controls, self._controls = self._controls, []
             for fn, future in controls:
+                # A caller that gave up (HTTP client gone) cancelled its future: skip its work.
+                if not future.set_running_or_notify_cancel():
+                    continue
                 try:
                     future.set_result(fn())
                 except BaseException as exc:  # noqa: BLE001 - the caller gets the error
@@ -223,7 +236,8 @@ class Scheduler:
         for request in [*self._running, *self._waiting, *self._incoming]:
             self._finish(request, _abort_reason("engine shutting down", 503))
         for _, future in self._controls:
-            future.set_exception(RuntimeError("scheduler is stopped"))
+            if future.set_running_or_notify_cancel():
+                future.set_exception(RuntimeError("scheduler is stopped"))
 
     def _has_work(self) -> bool:
         return not self.paused and bool(self._running or self._waiting)
