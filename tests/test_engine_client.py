@@ -210,10 +210,25 @@ async def test_invalid_pause_mode_is_rejected_before_sending(engine, client):
 
 @pytest.mark.asyncio
 async def test_get_weight_version_reads_model_info(engine, client):
-    # SGLang 0.5.17 answers 404 on /get_weight_version; /get_model_info carries the version.
+    # SGLang 0.5.17 answers 404 on /get_weight_version; /model_info carries the version.
     engine.reply("/get_weight_version", (404, {"detail": "deprecated"}))
-    engine.reply("/get_model_info", (200, {"model_path": "/m", "weight_version": "12"}))
+    engine.reply("/model_info", (200, {"model_path": "/m", "weight_version": "12"}))
     assert await client.get_weight_version() == "12"
+
+
+@pytest.mark.asyncio
+async def test_info_falls_back_to_the_old_endpoint_names_of_older_sglang(engine, client):
+    engine.reply("/model_info", (404, {"detail": "Not Found"}))
+    engine.reply("/server_info", (404, {"detail": "Not Found"}))
+    engine.reply("/get_model_info", (200, {"model_path": "/old"}))
+    engine.reply("/get_server_info", (200, {"tp_size": 2}))
+    assert (await client.get_model_info())["model_path"] == "/old"
+    assert (await client.get_model_info())["model_path"] == "/old"
+    assert (await client.get_server_info())["tp_size"] == 2
+    # The new name is asked once; after its 404 the client goes straight to the old one.
+    assert [s.path for s in engine.seen] == [
+        "/model_info", "/get_model_info", "/get_model_info", "/server_info", "/get_server_info",
+    ]
 
 
 def test_request_counts_sum_over_dp_ranks():
@@ -245,18 +260,18 @@ async def test_health_is_false_when_nothing_listens():
 
 @pytest.mark.asyncio
 async def test_idempotent_call_is_retried_on_5xx_until_it_succeeds(engine, client):
-    engine.reply("/get_model_info", (503, "warming up"), (500, "oops"), (200, {"model_path": "/m"}))
+    engine.reply("/model_info", (503, "warming up"), (500, "oops"), (200, {"model_path": "/m"}))
     assert await client.get_model_info() == {"model_path": "/m"}
-    assert len(engine.calls("/get_model_info")) == 3
+    assert len(engine.calls("/model_info")) == 3
 
 
 @pytest.mark.asyncio
 async def test_idempotent_call_gives_up_after_the_configured_attempts(engine, client):
-    engine.reply("/get_server_info", (502, "bad gateway"))
+    engine.reply("/server_info", (502, "bad gateway"))
     with pytest.raises(EngineHTTPError) as info:
         await client.get_server_info()
     assert info.value.status == 502
-    assert len(engine.calls("/get_server_info")) == NO_WAIT.attempts
+    assert len(engine.calls("/server_info")) == NO_WAIT.attempts
 
 
 @pytest.mark.asyncio
@@ -287,9 +302,9 @@ async def test_generate_is_not_retried_when_the_connection_drops_after_sending(e
 
 @pytest.mark.asyncio
 async def test_idempotent_call_is_retried_when_the_connection_drops(engine, client):
-    engine.reply("/get_model_info", DROP, (200, {"model_path": "/m"}))
+    engine.reply("/model_info", DROP, (200, {"model_path": "/m"}))
     assert await client.get_model_info() == {"model_path": "/m"}
-    assert len(engine.calls("/get_model_info")) == 2
+    assert len(engine.calls("/model_info")) == 2
 
 
 class _ListenOnFirstRetry(RetryPolicy):
@@ -354,10 +369,10 @@ async def test_per_call_timeout_raises_engine_timeout_without_retrying(engine, c
 
 @pytest.mark.asyncio
 async def test_client_default_timeout_applies_when_the_call_gives_none(engine):
-    engine.reply("/get_model_info", HANG)
+    engine.reply("/model_info", HANG)
     async with EngineClient(engine.url, timeout=0.2, retry=NO_WAIT) as client:
         with pytest.raises(EngineTimeout):
-            await client._call("GET", "/get_model_info", None, timeout=None)
+            await client.get_model_info(timeout=None)
 
 
 # ---- error messages

@@ -268,20 +268,26 @@ async def serve():
         await runner.cleanup()
 
 
-SGLANG_LIKE = {
-    "/get_model_info": (200, {"model_path": "Qwen/Qwen3-4B", "is_generation": True, "weight_version": "3"}),
-    "/get_server_info": (200, {"model_path": "Qwen/Qwen3-4B", "tp_size": 2, "version": "0.5.6"}),
-}
+MODEL_INFO = {"model_path": "Qwen/Qwen3-4B", "is_generation": True, "weight_version": "3"}
+SERVER_INFO = {"model_path": "Qwen/Qwen3-4B", "tp_size": 2, "version": "0.5.6"}
 
 
+@pytest.mark.parametrize(
+    "routes",
+    [
+        {"/model_info": (200, MODEL_INFO), "/server_info": (200, SERVER_INFO)},  # SGLang >= 0.5.17 names
+        {"/get_model_info": (200, MODEL_INFO), "/get_server_info": (200, SERVER_INFO)},  # older SGLang
+    ],
+    ids=["new-endpoint-names", "old-endpoint-names"],
+)
 @pytest.mark.asyncio
-async def test_external_sglang_server_is_discovered_as_not_owned(serve):
+async def test_external_sglang_server_is_discovered_as_not_owned(serve, routes):
     seen: list = []
-    url = await serve(SGLANG_LIKE, seen)
+    url = await serve(routes, seen)
     async with aiohttp.ClientSession() as session:
         info = await discover_external_engine(url, session, api_key="k")
     assert info == EngineInfo(url=url, model_path="Qwen/Qwen3-4B", tp_size=2, weight_version="3", owned=False)
-    assert {path for path, _ in seen} == {"/get_model_info", "/get_server_info"}
+    assert set(routes) <= {path for path, _ in seen}
     assert all(auth == "Bearer k" for _, auth in seen)
 
 
@@ -298,7 +304,7 @@ async def test_server_without_sglang_endpoints_is_reported_as_not_sglang_compati
 
 @pytest.mark.asyncio
 async def test_model_info_without_model_path_is_not_sglang_compatible(serve):
-    url = await serve({"/get_model_info": (200, {"name": "x"}), "/get_server_info": (200, {})})
+    url = await serve({"/model_info": (200, {"name": "x"}), "/server_info": (200, {})})
     async with aiohttp.ClientSession() as session:
         with pytest.raises(ExternalEngineError, match="no model_path"):
             await discover_external_engine(url, session)
@@ -306,7 +312,7 @@ async def test_model_info_without_model_path_is_not_sglang_compatible(serve):
 
 @pytest.mark.asyncio
 async def test_rejected_api_key_points_at_the_key_flag(serve):
-    url = await serve({"/get_model_info": (401, {"detail": "Unauthorized"})})
+    url = await serve({"/model_info": (401, {"detail": "Unauthorized"})})
     async with aiohttp.ClientSession() as session:
         with pytest.raises(ExternalEngineError, match="--engine-api-key"):
             await discover_external_engine(url, session, api_key="wrong")

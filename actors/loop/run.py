@@ -103,6 +103,10 @@ async def _next_groups(h: Handles, n_groups: int, version: int) -> list | None:
 
 
 async def _evaluate(h: Handles, step: int) -> None:
-    metrics = await h.rollout.ask("evaluate", h.eval_dataset, timeout=None)
+    try:
+        metrics = await h.rollout.ask("evaluate", h.eval_dataset, timeout=None)
+    except Exception as error:  # noqa: BLE001 - a failed evaluation is reported, training goes on
+        log.error("eval at step %d failed: %s", step, error)
+        return
     log.info("eval at step %d: reward %.3f", step, metrics.get("eval/reward_mean", float("nan")))
     h.monitor.tell("log", step, metrics)

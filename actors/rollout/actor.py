@@ -30,6 +30,7 @@ from slime_async.sample import Sample, Status
 log = logging.getLogger(__name__)
 
 MAX_GROUP_ATTEMPTS = 3  # a prompt whose generation keeps failing (engine errors) is dropped after this
+MAX_CONSECUTIVE_FAILURES = 32  # this many failed groups in a row means no engine can serve: stop the run
 
 
 @dataclass
@@ -75,6 +76,7 @@ class RolloutActor(Actor):
         self._in_flight_prompts: dict[int, Any] = {}  # group index -> prompt, for checkpoints
         self._producer: asyncio.Task | None = None
         self._generating = 0
+        self._consecutive_failures = 0
         self._busy_since = time.monotonic()
         self.exhausted = False
 
@@ -177,7 +179,12 @@ class RolloutActor(Actor):
             group = await self._generate_group(prompt, group_index)
         except Exception as error:  # noqa: BLE001 - engine errors are counted and survived
             self._counters["generation_errors"] += 1
+            self._consecutive_failures += 1
             del self._in_flight_prompts[group_index]
+            if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+                # Nothing is being produced: end the run with the reason instead of spinning.
+                self.fail(RuntimeError(f"{self._consecutive_failures} prompt groups in a row failed; last: {error}"))
+                return
             if attempts + 1 < MAX_GROUP_ATTEMPTS:
                 log.warning("rollout: group %d failed (%s); retrying its prompt", group_index, error)
                 self._retry.append((prompt, attempts + 1))
@@ -186,6 +193,9 @@ class RolloutActor(Actor):
                 self._counters["groups_failed"] += 1
             await self.buffer.ask("cancel_reservation")
             return
+        self._consecutive_failures = 0
+        for session_id in {s.session_id for s in group if s.session_id}:
+            self.ctx.router.tell("end_session", session_id)  # its prefix is no longer worth keeping
         keep = await self.scorer.score_group(group)
         if keep and self.keep_group is not None:
             keep = bool(self.keep_group([s.reward for s in group]))

@@ -109,7 +109,13 @@ class RouterActor(Actor):
         rid: str | None = None,
         return_logprob: bool = True,
     ) -> Deferred:
-        """Generate on one engine; returns SGLang's response dict plus ``engine_url``."""
+        """Generate on one engine; returns SGLang's response dict plus ``engine_url``.
+
+        Call it as ``await router.ask("generate", ids, params, session_id=..., timeout=None)``:
+        a request may wait for a weight sync or a long generation. After a connection error
+        the request is sent again, from ``input_ids``, to another engine: whatever the dead
+        engine had generated is lost. An aborted request (pause "abort") returns normally with
+        ``finish_reason.type == "abort"`` and the tokens so far."""
         if input_ids and isinstance(input_ids[0], list):
             raise ValueError("router.generate takes one prompt (a list of token ids), not a batch")
         return self.defer(self._serve(input_ids, sampling_params, session_id, rid, return_logprob))
@@ -197,6 +203,9 @@ class RouterActor(Actor):
         out["router/retries"] = self._counters["retries"]
         out["router/engine_down_events"] = self._counters["engine_down"]
         out["router/prefix_cache_hit_rate"] = _ratio(cached, prompt)
+        for key, count in self._counters.items():
+            if key.startswith("reason:"):  # how requests were routed: affinity, placed, ...
+                out[f"router/routed_{key.removeprefix('reason:')}"] = count
         return out
 
     # ----- request path ------------------------------------------------------------------------
@@ -214,13 +223,7 @@ class RouterActor(Actor):
             engine = self._pick(session_id) or await self._wait_for_engine(session_id)
             engine.in_flight += 1
             try:
-                response = await engine.client.generate(
-                    input_ids,
-                    sampling_params,
-                    return_logprob=return_logprob,
-                    rid=rid,
-                    timeout=self.config.router_request_timeout,
-                )
+                response = await self._send(engine, input_ids, sampling_params, rid, return_logprob)
             except EngineConnectionError as error:
                 engine.errors += 1
                 self._mark_down(engine, str(error))
@@ -244,6 +247,38 @@ class RouterActor(Actor):
             self._record(engine, response)
             response["engine_url"] = engine.url
             return response
+
+    async def _send(
+        self,
+        engine: EngineState,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        rid: str | None,
+        return_logprob: bool,
+    ) -> dict[str, Any]:
+        """One /generate call that the health loop can abandon: when it marks the engine down
+        (a hung engine keeps connections open but never answers), the call ends with an
+        EngineConnectionError and the request fails over like after a refused connection."""
+        call = asyncio.ensure_future(
+            engine.client.generate(
+                input_ids,
+                sampling_params,
+                return_logprob=return_logprob,
+                rid=rid,
+                timeout=self.config.router_request_timeout,
+            )
+        )
+        engine.calls.add(call)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise  # the request itself was cancelled (the router stops)
+            raise EngineConnectionError(
+                engine.url, "/generate", None, f"abandoned: engine marked down ({engine.down_reason})"
+            ) from None
+        finally:
+            engine.calls.discard(call)
 
     def _pick(self, session_id: str | None) -> EngineState | None:
         """Choose and bind an engine now, or None when no engine is routable."""
@@ -320,7 +355,7 @@ class RouterActor(Actor):
 
     async def _abort_all(self, engine: EngineState) -> None:
         try:
-            await engine.client.abort_request(abort_all=True)
+            await engine.client.abort_request(abort_all=True, timeout=self.config.router_health_timeout)
         except EngineError as error:
             # A dead engine's requests fail with connection errors instead; nothing to do.
             log.warning("router: abort on %s failed: %s", engine.url, error)
@@ -362,6 +397,8 @@ class RouterActor(Actor):
             engine.health_failures += 1
             if engine.health is Health.UP and engine.health_failures >= self.config.router_health_failures:
                 self._mark_down(engine, f"{engine.health_failures} failed health checks")
+                for call in list(engine.calls):  # they would wait for a hung engine forever
+                    call.cancel()
             return
         engine.health_failures = 0
         if engine.health is not Health.UP or self._expected_version is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ class EngineState:
     # poll) until resume() confirms its weight version.
     paused: bool = False
     in_flight: int = 0  # requests the router has sent and not yet seen answered
+    calls: set[asyncio.Task] = field(default_factory=set, repr=False)  # their HTTP calls
     external_load: float = 0.0  # running + waiting the engine reported beyond our own in-flight
     health_failures: int = 0  # consecutive
     loads_supported: bool = True  # False once /v1/loads answered 404

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 import sys
 from collections.abc import Sequence
@@ -43,7 +44,7 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # How long to let torchrun write its failure summary after a rank died, before reporting.
 _DEATH_REPORT_GRACE = 5.0
-_WATCH_INTERVAL = 0.2
+_WATCH_INTERVAL = 0.1
 
 
 class TrainerRankDied(RuntimeError):
@@ -66,6 +67,17 @@ def _pid_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.DOTALL)
+
+
+def _root_cause_rank(torchrun_log_tail: str) -> int | None:
+    """The global rank torchrun's failure summary names as the first observed failure."""
+    # The log is appended across restarts: only read what follows the latest start marker.
+    current = torchrun_log_tail.rsplit("=== ", 1)[-1] if "start: " in torchrun_log_tail else torchrun_log_tail
+    match = _ROOT_CAUSE.search(current)
+    return int(match.group(1)) if match else None
 
 
 class TrainerActor(Actor):
@@ -167,10 +179,14 @@ class TrainerActor(Actor):
             cause = error.error if isinstance(error, ActorFailed) else error
             if isinstance(cause, ProcessExited):
                 detail = f"torchrun exited with code {cause.returncode}"
-        first = dead[0] if dead else None
+        tail = log_tail(self.child.log_path, 40)
+        # Ranks that torchrun stopped after the first failure are dead too by now: prefer
+        # torchrun's own "first observed failure", then the first rank seen dead.
+        root = _root_cause_rank(tail)
+        first = next((i for i in self.ranks if i.rank == root), None) or (dead[0] if dead else None)
         death = TrainerRankDied(
             first.rank if first else None, first.pid if first else None,
-            self.child.log_path, log_tail(self.child.log_path, 30), detail,
+            self.child.log_path, tail, detail,
         )
         self._death = death
         self._died.set()

@@ -47,8 +47,10 @@ def _sharded_rng(state: dict[str, Any] | None) -> ShardedObject:
     return ShardedObject(_RNG_KEY, state, (world,), (rank,), replica_id=0)
 
 
-def _sharded_state(ddp: torch.nn.Module, optimizer: Any, rng: dict[str, Any] | None) -> dict[str, Any]:
-    model_sd = ddp.sharded_state_dict()
+def _sharded_state(model: torch.nn.Module, optimizer: Any, rng: dict[str, Any] | None) -> dict[str, Any]:
+    # The bare GPTModel, not the DDP wrapper: DDP's sharded_state_dict keys carry a
+    # "module." prefix that its load_state_dict (which delegates to the module) rejects.
+    model_sd = model.sharded_state_dict()
     return {
         "model": model_sd,
         "optimizer": optimizer.sharded_state_dict(model_sd),
@@ -57,14 +59,14 @@ def _sharded_state(ddp: torch.nn.Module, optimizer: Any, rng: dict[str, Any] | N
 
 
 def save_checkpoint(
-    path: str | Path, ddp: torch.nn.Module, optimizer: Any, scheduler: Any, extra: dict[str, Any]
+    path: str | Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, extra: dict[str, Any]
 ) -> None:
-    """Collective: every rank calls it with the same ``path``."""
+    """Collective: every rank calls it with the same ``path``. ``model``: the unwrapped GPTModel."""
     path = Path(path)
     if dist.get_rank() == 0:
         path.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    state = _sharded_state(ddp, optimizer, _rng_state())
+    state = _sharded_state(model, optimizer, _rng_state())
     # Plain values are "common" state: written once by rank 0.
     state["scheduler"] = scheduler.state_dict()
     state["extra"] = dict(extra)
@@ -72,14 +74,14 @@ def save_checkpoint(
     dist.barrier()
 
 
-def load_checkpoint(path: str | Path, ddp: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
     """Collective: restore everything :func:`save_checkpoint` wrote; returns its ``extra``."""
     path = Path(path)
     if not dist_checkpointing.check_is_distributed_checkpoint(str(path)):
         raise FileNotFoundError(f"{path} is not a Megatron distributed checkpoint (no metadata found)")
-    template = _sharded_state(ddp, optimizer, None)
+    template = _sharded_state(model, optimizer, None)
     loaded = dist_checkpointing.load(template, str(path))
-    ddp.load_state_dict(loaded["model"])
+    model.load_state_dict(loaded["model"])
     optimizer.load_state_dict(loaded["optimizer"])
     scheduler.load_state_dict(loaded["scheduler"])
     rng = loaded.get(_RNG_KEY)

@@ -285,11 +285,11 @@ class TrainerOps:
 
     # ----- checkpoints and export ------------------------------------------------------------------
     def save(self, path: str) -> None:
-        save_checkpoint(path, self.ddp, self.optimizer, self.scheduler, {"step": self.step})
+        save_checkpoint(path, unwrap_model(self.ddp), self.optimizer, self.scheduler, {"step": self.step})
 
     def load(self, path: str) -> int:
         """Restore a checkpoint; returns its step."""
-        extra = load_checkpoint(path, self.ddp, self.optimizer, self.scheduler)
+        extra = load_checkpoint(path, unwrap_model(self.ddp), self.optimizer, self.scheduler)
         self.step = int(extra.get("step", 0))
         return self.step
 

@@ -9,7 +9,6 @@ which are not dataclass fields in megatron-core) go to `ScheduleConfig`.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,53 +101,12 @@ def wrap_ddp(model: torch.nn.Module, model_config: TransformerConfig, overrides:
     return ddp
 
 
-# CUDA-only spots on the optimizer path that actors/trainer/cpu_compat.py does not cover yet
-# (megatron-core 0.16.1). Applied with cpu_compat's own machinery, so they follow its rules
-# (recompiled from upstream source, only without CUDA). TODO(model layer): move these two into
-# cpu_compat.FALLBACKS and delete this tuple.
-_OPTIMIZER_CPU_FALLBACKS = (
-    cpu_compat.CpuFallback(
-        "megatron.core.utils",
-        "local_multi_tensor_l2_norm",
-        (('device="cuda"', 'device="cpu"'),),
-        "the torch fallback of amp_C.multi_tensor_l2norm (grad norm without Apex/TE) returns a cuda tensor",
-    ),
-    cpu_compat.CpuFallback(
-        "megatron.core.optimizer.clip_grads",
-        "clip_grad_by_total_norm_fp32",
-        (("'torch.cuda.FloatTensor'", "'torch.FloatTensor'"), ("device='cuda'", "device='cpu'")),
-        "gradient clipping asserts that grads are cuda tensors",
-    ),
-)
-
-
-def apply_optimizer_cpu_fallbacks() -> None:
-    """Install `_OPTIMIZER_CPU_FALLBACKS` when CUDA is absent (idempotent).
-
-    Only fragments still present are swapped, so this stays correct once cpu_compat patches
-    the same functions itself.
-    """
-    if torch.cuda.is_available():
-        return
-    cpu_compat.apply_cpu_compat()
-    for fallback in _OPTIMIZER_CPU_FALLBACKS:
-        module, owner, attr, fn = cpu_compat._resolve(fallback)
-        source = inspect.getsource(fn)
-        todo = tuple((old, new) for old, new in fallback.replacements if old in source)
-        if not todo:
-            continue
-        new_fn = cpu_compat._recompile(
-            dataclasses.replace(fallback, replacements=todo), fn, owner if isinstance(owner, type) else None
-        )
-        setattr(owner, attr, new_fn)
-        if owner is module:
-            cpu_compat._rebind_imported_copies(fn, new_fn)
-
-
 def build_optimizer(
     ddp: DistributedDataParallel, config: OptimizerConfig, schedule: ScheduleConfig
 ) -> tuple[Any, OptimizerParamScheduler]:
-    apply_optimizer_cpu_fallbacks()
+    # Grad norm / clipping allocate on cuda without Apex/TE; cpu_compat covers them (a no-op
+    # when build_gpt_model already applied it, or with CUDA).
+    cpu_compat.apply_cpu_compat()
     optimizer = get_megatron_optimizer(config, [ddp])
     wd = config.weight_decay
     decay_iters = schedule.lr_decay_iters

@@ -31,6 +31,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 from actors.trainer.protocol import TrainerOpError
+from slime_async.rpc import backend_options
 
 log = logging.getLogger("actors.trainer.worker")
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from actors.trainer import worker as served
 
     served._inbox = inbox
-    options = rpc.TensorPipeRpcBackendOptions(init_method=args.rpc_init_method, rpc_timeout=args.rpc_timeout)
+    options = backend_options(args.rpc_init_method, args.rpc_timeout)
     rpc.init_rpc(f"trainer{rank}", rank=rank + 1, world_size=args.rpc_world_size, rpc_backend_options=options)
     log.info("joined the RPC group as trainer%d", rank)
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -36,6 +37,7 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--group-name", required=True)
     parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="give up joining or broadcasting after this")
     args = parser.parse_args()
 
     tensors = load_checkpoint(args.model_dir)
@@ -47,7 +49,9 @@ def main() -> int:
     print(json.dumps(announcement), flush=True)
 
     device = "cuda" if args.backend == "nccl" else "cpu"
-    group = init_custom_process_group(args.backend, args.init_method, args.world_size, 0, args.group_name)
+    group = init_custom_process_group(
+        args.backend, args.init_method, args.world_size, 0, args.group_name, timeout=timedelta(seconds=args.timeout_s)
+    )
     for tensor in tensors.values():
         dist.broadcast(tensor.to(device).contiguous(), src=0, group=group)
     if device == "cuda":

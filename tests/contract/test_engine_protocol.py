@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 
 PROMPT = [11, 42, 7, 99, 3, 250, 18]
 GREEDY = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+DISTRIBUTED_UPDATE_TIMEOUT_S = 120
 
 
 async def generate(client: EngineClient, prompt: list[int], **params) -> GenerateOutput:
@@ -230,17 +231,25 @@ async def _distributed_update(
         sys.executable, str(Path(__file__).with_name("broadcast_weights.py")),
         "--model-dir", str(checkpoint), "--init-method", f"tcp://127.0.0.1:{port}",
         "--world-size", str(world_size), "--group-name", group, "--backend", backend,
+        "--timeout-s", str(DISTRIBUTED_UPDATE_TIMEOUT_S),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env={**os.environ, **env},
     )
     try:
-        announcement = json.loads(await trainer.stdout.readline())
-        await client.init_weights_update_group("127.0.0.1", port, 1, world_size, group, backend)
-        await client.update_weights_from_distributed(
-            announcement["names"], announcement["dtypes"], announcement["shapes"], group, weight_version=version
+        # A group that never forms must fail this test with a reason, not hang the suite.
+        async with asyncio.timeout(DISTRIBUTED_UPDATE_TIMEOUT_S):
+            announcement = json.loads(await trainer.stdout.readline())
+            await client.init_weights_update_group("127.0.0.1", port, 1, world_size, group, backend)
+            await client.update_weights_from_distributed(
+                announcement["names"], announcement["dtypes"], announcement["shapes"], group, weight_version=version
+            )
+            await client.destroy_weights_update_group(group)
+            trainer.stdin.close()
+            assert await trainer.wait() == 0
+    except TimeoutError:
+        pytest.fail(
+            f"weight-update group {group!r} ({backend}, tcp://127.0.0.1:{port}, world size {world_size}) "
+            f"did not complete within {DISTRIBUTED_UPDATE_TIMEOUT_S} s"
         )
-        await client.destroy_weights_update_group(group)
-        trainer.stdin.close()
-        assert await trainer.wait() == 0
     finally:
         if trainer.returncode is None:
             trainer.kill()

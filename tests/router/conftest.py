@@ -55,7 +55,7 @@ class FakeEngine:
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/health_generate", self._health)
         app.router.add_get("/v1/loads", self._loads)
-        app.router.add_get("/get_weight_version", self._version)
+        app.router.add_get("/get_model_info", self._model_info)
         app.router.add_post("/abort_request", self._abort)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
@@ -113,9 +113,9 @@ class FakeEngine:
         self.paths.append(request.path)
         return _json({"loads": [{"num_running_reqs": self.running + self.external_running, "num_waiting_reqs": 0}]})
 
-    async def _version(self, request: web.Request) -> web.Response:
+    async def _model_info(self, request: web.Request) -> web.Response:
         self.paths.append(request.path)
-        return _json({"weight_version": self.weight_version})
+        return _json({"model_path": self.name, "weight_version": self.weight_version})
 
     async def _abort(self, request: web.Request) -> web.Response:
         self.paths.append(request.path)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from actors.router import NoEngineAvailable, RouterConfig, RouterError
+from actors.router import NoEngineAvailable, RouterError
 
 pytestmark = pytest.mark.asyncio
 
@@ -124,6 +124,18 @@ async def test_an_engine_failing_health_checks_is_marked_down_and_rejoins_when_h
     await until_engines(router, lambda engines: state_of(engines, sick.url) == "up")
 
 
+async def test_requests_on_a_hung_engine_fail_over_once_health_checks_mark_it_down(fake_engines, start_router):
+    a, b, c = fake_engines
+    router = await start_router([a.url, b.url], router_health_interval=0.02, router_health_failures=2)
+    a.hold = True  # accepts requests, never answers
+    held = asyncio.ensure_future(generate(router, [1], "s"))
+    await eventually(lambda: a.running == 1, "the request hangs on a")
+    a.healthy = False
+    response = await held
+    assert response["engine_url"] == b.url
+    assert (await router.ask("metrics"))["router/retries"] == 1
+
+
 async def test_an_engine_that_listens_again_on_its_port_rejoins(fake_engines, start_router):
     router = await start_router([f.url for f in fake_engines], router_health_interval=0.02)
     dead = fake_engines[0]
@@ -211,7 +223,7 @@ async def test_nothing_reaches_a_paused_engine_until_its_version_is_confirmed(fa
     assert a.paths == []
     a.weight_version = "3"
     await router.ask("resume", 3)
-    assert a.paths[0] == "/get_weight_version"
+    assert a.paths[0] == "/get_model_info"  # the version check comes first
     assert (await waiting)["engine_url"] == a.url
 
 
@@ -239,6 +251,7 @@ async def test_metrics_count_requests_and_the_prefix_cache_hit_rate(fake_engines
     assert metrics["router/prefix_cache_hit_rate"] == pytest.approx(3 / 9)
     assert metrics[f"router/{tag}/sessions"] == 1
     assert metrics["router/in_flight"] == 0
+    assert (metrics["router/routed_placed"], metrics["router/routed_affinity"]) == (1, 1)
 
 
 async def test_pausing_one_engine_sends_its_sessions_elsewhere_until_it_is_resumed(fake_engines, start_router):
@@ -270,3 +283,14 @@ async def test_requests_without_session_go_to_the_least_loaded_engine(fake_engin
     a.hold = False
     a.release()
     await held
+
+
+async def test_reported_load_counts_at_once_and_is_forgotten_gradually(fake_engines, start_router):
+    a = fake_engines[0]
+    router = await start_router([a.url], router_load_interval=0.02)
+    a.external_running = 10
+    await until_engines(router, lambda engines: load_of(engines, a.url) == 10)
+    a.external_running = 0
+    loads = []
+    await until_engines(router, lambda engines: loads.append(load_of(engines, a.url)) or loads[-1] < 1)
+    assert any(0 < load < 10 for load in loads)  # it went down in steps, not in one jump

@@ -80,8 +80,10 @@ async def test_a_killed_engine_loses_no_request_its_sessions_move_and_it_rejoins
     supervisors = await asyncio.gather(
         *(spawn(engine_supervisor(name, tiny_model_dir, port, tmp_path)) for name, port in zip(names, ports))
     )
+    # No rebalancing (threshold 100): every session move in this test is a failover, and moved
+    # sessions stay where they went even when the restarted engine comes back empty.
     config = RouterConfig(router_health_interval=0.2, router_health_failures=2, router_load_interval=0.0,
-                          router_request_retries=2)
+                          router_request_retries=2, router_imbalance_threshold=100)
     router = await spawn(RouterActor(config, urls))
     try:
         served: list[tuple[str, int, str]] = []

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from actors.trainer.actor import TrainerRankDied, update_engine_weights
-from actors.trainer.protocol import WeightGroupSpec
+from actors.trainer.protocol import TrainerOpError, WeightGroupSpec
 from slime_async.actor import ActorFailed
 from slime_async.engine_client import EngineClient
 from worker_fixtures import (
@@ -61,7 +61,8 @@ class Run:
     killed_rank: int = -1
     sft_losses: list[float] = field(default_factory=list)
     ckpt_dir: Path | None = None
-    batch_after_logprobs: object = None
+    op_error: BaseException | None = None
+    alive_after_op_error: bool = False
 
 
 async def _logprobs(trainer, batch, model="actor"):
@@ -138,6 +139,11 @@ async def _dp2_scenario(hf_dir: Path, work: Path) -> Run:
         for _ in range(SFT_STEPS):
             metrics = await trainer.ask("train_step", fixed_batch(), SFT, timeout=None)
             run.sft_losses.append(metrics["loss"])
+        try:
+            await trainer.ask("compute_logprobs", fixed_batch(), model="critic", timeout=None)
+        except TrainerOpError as error:
+            run.op_error = error
+        run.alive_after_op_error = trainer.alive
     return run
 
 
@@ -253,6 +259,14 @@ def test_exported_hf_checkpoint_loads_in_transformers_and_matches_the_trainer(tp
 def test_distributed_weight_update_makes_the_cpu_engine_greedy_equal_transformers_on_the_export(tp2_run):
     assert tp2_run.tensors_sent > 0
     assert tp2_run.engine_tokens == transformers_greedy(tp2_run.export_dir, GREEDY_PROMPT, 8)
+
+
+def test_an_op_that_raises_on_the_ranks_reports_rank_and_traceback_and_the_trainer_lives_on(dp2_run):
+    error = dp2_run.op_error
+    assert isinstance(error, TrainerOpError), repr(error)
+    assert "trainer rank" in str(error) and "compute_logprobs failed" in str(error)
+    assert "model must be 'actor' or 'ref', got 'critic'" in str(error)
+    assert dp2_run.alive_after_op_error
 
 
 # ----- failure ---------------------------------------------------------------------------------------

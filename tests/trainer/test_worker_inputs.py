@@ -71,10 +71,14 @@ def test_unknown_megatron_option_fails_with_its_name():
         split_megatron_overrides({"not_a_megatron_field": 1})
 
 
-def test_trainer_config_needs_exactly_one_micro_batching_rule():
+def test_trainer_config_needs_a_micro_batching_rule():
     with pytest.raises(ValueError, match="max-tokens-per-gpu and --micro-batch-size"):
-        TrainerConfig(hf_checkpoint="/m").validate()
-    TrainerConfig(hf_checkpoint="/m", micro_batch_size=2).validate()
+        TrainerConfig(hf_checkpoint="/m", max_tokens_per_gpu=None).validate()
+
+
+def test_a_fixed_micro_batch_size_replaces_the_token_budget():
+    config = TrainerConfig(hf_checkpoint="/m", micro_batch_size=2).validate()
+    assert config.max_tokens_per_gpu is None
 
 
 def test_trainer_config_travels_as_json():

@@ -149,12 +149,13 @@ def env_threads() -> None:
 
 
 # A bare RPC worker (no Megatron) for the bridge tests: joins as "peer" (rank 1 of 2) and
-# serves until the group shuts down. Targets are stdlib functions, importable on both sides.
+# serves until it is killed. Targets are stdlib functions, importable on both sides.
 _PEER_CODE = """
-import sys, torch.distributed.rpc as rpc
-options = rpc.TensorPipeRpcBackendOptions(init_method=sys.argv[1], rpc_timeout=60)
+import sys, threading, torch.distributed.rpc as rpc
+from slime_async.rpc import backend_options
+options = backend_options(sys.argv[1], 60)
 rpc.init_rpc("peer", rank=1, world_size=2, rpc_backend_options=options)
-rpc.shutdown(graceful=True, timeout=60)
+threading.Event().wait()
 """
 
 
@@ -162,4 +163,7 @@ def start_rpc_peer(init_method: str):
     """A subprocess that joins the RPC group at ``init_method`` as worker "peer"."""
     import subprocess
 
-    return subprocess.Popen([sys.executable, "-c", _PEER_CODE, init_method], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", _PEER_CODE, init_method], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
