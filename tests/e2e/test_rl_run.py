@@ -18,6 +18,12 @@ import pytest
 from slime_async.tiny_model import build_tiny_model
 
 REWARD_MODULE = textwrap.dedent('''
+    from actors.rollout.generate import default_generate
+
+    async def long_generate(ctx, sample, sampling_params):
+        # Always the full budget, so weight updates land while generations are in flight.
+        return await default_generate(ctx, sample, {**sampling_params, "ignore_eos": True})
+
     async def rm(ctx, sample):
         if sample.index == 0 and sample.group_index % 2 == 0:
             raise RuntimeError("reward service unavailable")
@@ -39,8 +45,9 @@ def run(tmp_path_factory):
         sys.executable, "-m", "slime_async.cli", "train",
         "--hf-checkpoint", str(model), "--prompt-data", str(data), "--run-dir", str(run_dir),
         "--train-mode", "fully-async", "--max-staleness", "1",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "4",
-        "--rollout-max-response-len", "48", "--custom-rm-path", "e2e_reward:rm",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "5",
+        "--rollout-max-response-len", "96", "--custom-rm-path", "e2e_reward:rm",
+        "--custom-generate-function-path", "e2e_reward:long_generate",
         "--engine-type", "cpu", "--micro-batch-size", "4", "--lr", "1e-4", "--use-tis",
         "--save-debug-rollout-data", str(dump), "--no-progress-bar",
     ]
@@ -58,14 +65,14 @@ def train_steps(metrics):
 
 def test_the_staleness_bound_holds_at_every_step(run):
     steps = train_steps(run["metrics"])
-    assert len(steps) == 4
+    assert len(steps) == 5
     assert all(m["rollout/staleness_max"] <= 1 for m in steps)
     assert "buffer/dropped_stale" in steps[-1]  # drops are counted (zero or more)
 
 
 def test_every_step_trained_and_synced_weights(run):
     steps = train_steps(run["metrics"])
-    assert [m["train/version"] for m in steps] == [1.0, 2.0, 3.0, 4.0]
+    assert [m["train/version"] for m in steps] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert all("perf/weight_sync_time" in m and "train/grad_norm" in m for m in steps)
 
 
