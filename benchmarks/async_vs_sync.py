@@ -40,7 +40,9 @@ def run_mode(mode: str, model: str, data: Path, work: Path, steps: int) -> dict[
             "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
             "--custom-generate-function-path", "benchmarks.longtail_generate:generate", "--rm-type", "exact",
             "--engine-type", "cpu", "--micro-batch-size", "32", "--lr", "3e-4", "--use-tis",
-            "--rollout-seed", "7", "--seed", "7", "--no-progress-bar"]
+            "--rollout-seed", "7", "--seed", "7", "--no-progress-bar",
+            # One core each, so generation and training can overlap on a 2-core machine.
+            "--trainer-num-threads", "1", "--cpu-engine-threads", "1"]
     if mode == "fully-async":
         argv += ["--max-staleness", "2"]
     subprocess.run(argv, check=True, capture_output=True, cwd=REPO,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from slime_async.actor import ActorRef, spawn  # noqa: E402
 from slime_async.engine_client import EngineClient, EngineError  # noqa: E402
 from slime_async.process import ProcessChild, ProcessSpec, http_ready  # noqa: E402
 from slime_async.tiny_model import build_tiny_model  # noqa: E402
+from slime_async.net import free_port
 
 POLICIES = ("sticky", "consistent_hash", "least_loaded", "round_robin")
 SCENARIOS = ("uniform", "hot")
@@ -116,10 +116,6 @@ async def start_engines(bench: Bench, model_dir: Path, log_dir: Path) -> list[tu
     return await asyncio.gather(*(start(i, port) for i, port in enumerate(ports)))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def flush(urls: list[str]) -> None:

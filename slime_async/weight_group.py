@@ -11,6 +11,8 @@ so this module is the one place to fix when torch changes it.
 
 from __future__ import annotations
 
+import os
+
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -33,7 +35,15 @@ def init_custom_process_group(
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size} for group {group_name!r}")
-    store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
+    # Under torchrun, TORCHELASTIC_USE_AGENT_STORE makes a tcp:// rendezvous connect to
+    # torchrun's agent store as a client instead of hosting the store at the given address as
+    # rank 0, and the engines would wait forever. This group is not torchrun's.
+    saved = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    try:
+        store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
+    finally:
+        if saved is not None:
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = saved
     store.set_timeout(timeout)
     # An empty rank list makes c10d skip the "am I in the default group" membership check,
     # which is what lets a process without a default group build this one.

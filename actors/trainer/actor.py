@@ -19,7 +19,6 @@ import asyncio
 import logging
 import os
 import re
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +36,7 @@ from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
 from slime_async.batch import Batch
 from slime_async.process import ProcessChild, ProcessExited, ProcessSpec, log_tail
 from slime_async.rpc import RpcBridge, RpcError
+from slime_async.net import free_port
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,6 @@ class TrainerRankDied(RuntimeError):
         self.log_path = log_path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -110,7 +106,10 @@ class TrainerActor(Actor):
             "--rpc-timeout", str(self.config.trainer_start_timeout),
         ]
         pythonpath = os.pathsep.join(p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        return ProcessSpec(name=f"{self.name}-torchrun", argv=argv, env={"PYTHONPATH": pythonpath}, cwd=str(_REPO_ROOT))
+        env = {"PYTHONPATH": pythonpath}
+        if self.config.trainer_num_threads:
+            env["OMP_NUM_THREADS"] = str(self.config.trainer_num_threads)
+        return ProcessSpec(name=f"{self.name}-torchrun", argv=argv, env=env, cwd=str(_REPO_ROOT))
 
     async def on_start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,9 @@ class TrainerConfig:
         default=None, metadata={"help": "SDPA core attention (default: on with CUDA, off on CPU)"}
     )
     master_port: int | None = field(default=None, metadata={"help": "torchrun rendezvous port (None: a free one)"})
+    trainer_num_threads: int = field(default=0, metadata={
+        "help": "torch threads per CPU rank (OMP_NUM_THREADS); 0 = torch's default. On a small CPU machine, "
+        "leave cores to the engines so generation and training can overlap"})
     megatron: dict[str, Any] = field(
         default_factory=dict,
         metadata={"help": "megatron-core TransformerConfig/OptimizerConfig/DDP config fields (pass-through)"},

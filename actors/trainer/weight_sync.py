@@ -13,7 +13,6 @@ the buckets; only global rank 0 broadcasts. Other DP replicas hold the same weig
 
 from __future__ import annotations
 
-import os
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
@@ -56,17 +55,9 @@ class WeightBroadcaster:
             return
         if spec.group_name in self.groups:
             raise ValueError(f"weight update group {spec.group_name!r} already exists on trainer rank 0")
-        # Under torchrun, TORCHELASTIC_USE_AGENT_STORE makes c10d's tcp:// rendezvous connect
-        # to torchrun's agent store as a client instead of hosting the store at the given
-        # address as rank 0: the engines would wait forever. This group is not torchrun's.
-        saved = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-        try:
-            self.groups[spec.group_name] = init_custom_process_group(
-                spec.backend, spec.init_method, spec.world_size, 0, spec.group_name
-            )
-        finally:
-            if saved is not None:
-                os.environ["TORCHELASTIC_USE_AGENT_STORE"] = saved
+        self.groups[spec.group_name] = init_custom_process_group(
+            spec.backend, spec.init_method, spec.world_size, 0, spec.group_name
+        )
 
     def broadcast(self, group_name: str) -> int:
         """Broadcast every bucket, tensor by tensor, in metadata order; returns tensors sent.

@@ -101,22 +101,6 @@ def resolve_sglang_args(items: list[tuple[str, list[str] | Any]], *, where: str 
     return resolved
 
 
-def sglang_cli_args(values: dict[str, Any]) -> list[str]:
-    """``{"mem_fraction_static": 0.7, "enable_metrics": True}`` → launch_server arguments."""
-    argv: list[str] = []
-    for field, value in values.items():
-        flag = "--" + field.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, (list, tuple)):
-            argv += [flag, *map(str, value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
 def resolve_megatron_values(values: dict[str, Any], *, where: str) -> dict[str, Any]:
     """Check names and convert types of megatron values given in a config file."""
     flags = {flag.field: flag for flag in megatron_flags()}

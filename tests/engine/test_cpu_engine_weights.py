@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -36,6 +35,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 from slime_async.weight_group import init_custom_process_group, destroy_custom_process_group
+from slime_async.net import free_port
 
 port, weights_file, plan_file = sys.argv[1], sys.argv[2], sys.argv[3]
 plan = json.load(open(plan_file))
@@ -157,10 +157,6 @@ async def test_failed_disk_update_is_rejected_and_old_weights_keep_serving(
     assert after["meta_info"]["weight_version"] == before["meta_info"]["weight_version"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def broadcast_updates(

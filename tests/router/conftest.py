@@ -4,7 +4,6 @@ and a router actor in front of them. Tests with real CPU engines build their own
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from aiohttp import web
 from actors.router import RouterActor, RouterConfig
 from slime_async.actor import ActorRef, spawn
 from slime_async.tiny_model import build_tiny_model
+from slime_async.net import free_port
 
 
 @dataclass
@@ -128,10 +128,6 @@ def _json(payload: Any) -> web.Response:
     return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest_asyncio.fixture

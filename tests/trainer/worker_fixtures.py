@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from policies.loss_spec import LossSpec
 from slime_async.actor import ActorRef, spawn
 from slime_async.batch import Batch
 from slime_async.process import ProcessChild, ProcessSpec, http_ready
+from slime_async.net import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPERATURE = 0.7
@@ -108,10 +108,6 @@ def transformers_greedy(hf_dir: Path, prompt: list[int], max_new_tokens: int) ->
     return tokens[len(prompt):]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def start_cpu_engine(model_dir: Path, log_dir: Path) -> tuple[ActorRef, str]:
