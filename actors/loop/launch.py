@@ -18,6 +18,7 @@ from actors.buffer import BufferActor
 from actors.engine.fleet import build_fleet
 from actors.loop.checkpoint import RunCheckpointer
 from actors.loop.run import Handles, train_loop
+from actors.loop.replay import replay_loop
 from actors.loop.sft import sft_loop
 from actors.loop.weight_sync import WeightSync
 from actors.monitor import MonitorActor
@@ -66,6 +67,9 @@ def _dataset(config: RunConfig, path: str, tokenizer, *, shuffle: bool, num_epoc
 async def _main(config: RunConfig, run_dir: Path) -> int:
     import torch
 
+    if config.train.debug_train_only:
+        return await _trainer_only(config, run_dir, 0, lambda root: replay_loop(
+            config, trainer=root.child("trainer"), monitor=root.child("monitor")))
     tokenizer = _load_tokenizer(config)
     r = config.rollout
     dataset = _dataset(config, r.prompt_data, tokenizer, shuffle=r.rollout_shuffle, num_epoch=r.num_epoch)
@@ -130,14 +134,16 @@ async def _main(config: RunConfig, run_dir: Path) -> int:
 
 async def _sft_main(config: RunConfig, run_dir: Path, dataset, tokenizer, total_steps: int) -> int:
     """The warm start: trainer and monitor only, no engines."""
-    root = Supervisor("slime-async-sft", [
-        ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps))),
+    return await _trainer_only(config, run_dir, total_steps, lambda root: sft_loop(
+        trainer=root.child("trainer"), monitor=root.child("monitor"), dataset=dataset, tokenizer=tokenizer,
+        spec=config.algorithm, batch_size=config.rollout.rollout_batch_size, total_steps=total_steps,
+        save_hf=config.checkpoint.save_hf))
+
+
+async def _trainer_only(config: RunConfig, run_dir: Path, total_steps: int, main) -> int:
+    """A tree of just the monitor and the trainer, running ``main(root)``."""
+    root = Supervisor("slime-async-trainer", [
+        ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps or None))),
         ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, run_dir / "logs"))),
     ], max_restarts=0, max_seconds=1)
-
-    async def main(_root: Supervisor) -> int:
-        return await sft_loop(trainer=root.child("trainer"), monitor=root.child("monitor"), dataset=dataset,
-                              tokenizer=tokenizer, spec=config.algorithm, batch_size=config.rollout.rollout_batch_size,
-                              total_steps=total_steps, save_hf=config.checkpoint.save_hf)
-
     return await run_supervised(root, main)

@@ -41,7 +41,7 @@ class RunConfig:
             raise ValueError(
                 f"--rollout-batch-size × --n-samples-per-prompt ({samples_per_step}) must be a multiple of "
                 f"--global-batch-size ({gbs})")
-        if not train.debug_train_only and not rollout.prompt_data:
+        if not train.debug_train_only and not rollout.prompt_data:  # a replay needs no prompts
             raise ValueError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
         if not train.debug_rollout_only and not self.trainer.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required (the HF model directory to train)")

@@ -59,7 +59,8 @@ def run(tmp_path_factory):
     assert result.returncode == 0, result.stderr[-4000:]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     dumped = [json.loads(line) for path in sorted(dump.glob("step_*.jsonl")) for line in path.read_text().splitlines()]
-    return {"metrics": metrics, "samples": [s for group in dumped for s in group], "stderr": result.stderr}
+    return {"metrics": metrics, "samples": [s for group in dumped for s in group], "stderr": result.stderr,
+            "dump": dump, "model": model, "root": root}
 
 
 def train_steps(metrics):
@@ -94,6 +95,19 @@ def test_a_raising_reward_function_and_a_bad_row_are_counted_not_fatal(run):
     assert last["rollout/reward_errors"] >= 1
     assert last["rollout/bad_rows"] == 1
     assert "line 6" in run["stderr"]  # the malformed row is reported with its line number
+
+
+def test_debug_train_only_replays_the_dumped_rollouts_without_engines(run):
+    run_dir = run["root"] / "replay"
+    argv = [sys.executable, "-m", "slime_async.cli", "train", "--debug-train-only",
+            "--load-debug-rollout-data", str(run["dump"]), "--hf-checkpoint", str(run["model"]),
+            "--run-dir", str(run_dir), "--micro-batch-size", "4", "--lr", "1e-4", "--use-tis", "--no-progress-bar"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=run["root"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert not (run_dir / "logs" / "engine-0.log").exists()
+    replayed = train_steps([json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()])
+    assert [m["step"] for m in replayed] == [1, 2, 3, 4, 5]
+    assert all("train/grad_norm" in m for m in replayed)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,33 @@
+"""``--debug-train-only``: train on rollouts dumped by ``--save-debug-rollout-data``, no engines.
+
+Reproduces a run's training side exactly (same groups, same order) to debug the trainer or a
+loss without generating anything.
+"""
+
+from __future__ import annotations
+
+import time
+
+from actors.loop.batching import build_train_batch
+from actors.loop.debug_dump import load_groups
+from slime_async.actor import ActorRef
+from slime_async.config.run import RunConfig
+
+
+async def replay_loop(config: RunConfig, *, trainer: ActorRef, monitor: ActorRef) -> int:
+    steps = 0
+    for step, groups in load_groups(config.train.load_debug_rollout_data):
+        started = time.monotonic()
+        # Each dumped batch was trained at version step - 1 (one weight sync per step).
+        batch, metrics = build_train_batch(groups, config.algorithm, train_version=step - 1,
+                                           temperature=config.rollout.rollout_temperature or 1.0)
+        train_metrics = await trainer.ask("train_step", batch, config.algorithm,
+                                          max_response_len=config.rollout.rollout_max_response_len, timeout=None)
+        metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+        metrics["perf/step_time"] = time.monotonic() - started
+        monitor.tell("log", step, metrics)
+        steps += 1
+    if steps == 0:
+        raise FileNotFoundError(f"--load-debug-rollout-data {config.train.load_debug_rollout_data}: no step_*.jsonl dumps")
+    await monitor.ask("flush")
+    return 0
