@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from slime_async.net import free_port
 from slime_async.tiny_model import build_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,6 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 from slime_async.weight_group import init_custom_process_group, destroy_custom_process_group
-from slime_async.net import free_port
 
 port, weights_file, plan_file = sys.argv[1], sys.argv[2], sys.argv[3]
 plan = json.load(open(plan_file))
