@@ -93,8 +93,11 @@ async def _main(config: RunConfig, run_dir: Path) -> int:
         ChildSpec("router", lambda: spawn(RouterActor(config.router, fleet.urls, api_key=config.engine.engine_api_key))),
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps))),
         # The staleness rule counts groups per *version*: a sync every N steps consumes N steps' groups.
+        # Over-sampling admits more groups per version than a step trains, so groups the dynamic
+        # filter drops are already replaced; surplus that outlives the bound is dropped as stale.
         ChildSpec("buffer", lambda: spawn(BufferActor(
-            config.buffer, groups_per_step=r.rollout_batch_size * config.train.update_weights_interval,
+            config.buffer,
+            groups_per_step=(r.over_sampling_batch_size or r.rollout_batch_size) * config.train.update_weights_interval,
             # Without training the policy never changes: only capacity paces a rollout-only run.
             max_staleness=None if config.train.debug_rollout_only else config.max_staleness))),
     ]

@@ -26,7 +26,8 @@ class RolloutConfig:
     rollout_batch_size: int = field(default=8, metadata=_help("prompts (groups) per training step"))
     n_samples_per_prompt: int = field(default=4, metadata=_help("samples per prompt; they form a group"))
     over_sampling_batch_size: int | None = field(default=None, metadata=_help(
-        "groups started per step when a dynamic-sampling filter may drop some (>= --rollout-batch-size)"))
+        "groups admitted per policy version when a dynamic-sampling filter may drop some (>= --rollout-batch-size); "
+        "surplus groups that outlive the staleness bound are dropped and counted"))
     rollout_max_response_len: int = field(default=64, metadata=_help("max new tokens per sample"))
     rollout_temperature: float = field(default=1.0, metadata=_help("sampling temperature"))
     rollout_top_p: float = field(default=1.0, metadata=_help("nucleus sampling"))
