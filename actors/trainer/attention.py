@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import torch
 import torch.nn.functional as F
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.packed_seq_params import PackedSeqParams

@@ -13,7 +13,7 @@ import pytest
 
 from slime_async.actor import ActorFailed, spawn
 from slime_async.process import ProcessChild, ProcessSpec, ReadinessTimeout, http_ready
-from slime_async.runtime import run, run_supervised
+from slime_async.runtime import run
 from slime_async.supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorGaveUp
 
 PY = sys.executable

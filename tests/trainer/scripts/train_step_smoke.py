@@ -8,7 +8,6 @@ This is the minimal shape of the worker's train_step, kept here as an executable
 
 import argparse
 import json
-import os
 from functools import partial
 
 import torch
