@@ -35,15 +35,12 @@ from typing import Any
 
 from policies.staleness import is_too_stale, may_admit, staleness
 from slime_async.actor import Actor, Deferred
+from slime_async.config.flags import field_help as _help
 from slime_async.sample import Sample
 
 log = logging.getLogger(__name__)
 
 Group = list[Sample]
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass

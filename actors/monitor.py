@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from slime_async.actor import Actor
+from slime_async.config.flags import field_help as _help
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,6 @@ SUMMARY_KEYS = (
 )
 REWARD_KEY = "rollout/reward_mean"
 TOKENS_PER_S_KEY = "perf/rollout_tokens_per_s"
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass

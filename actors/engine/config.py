@@ -6,12 +6,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from actors.engine.sglang import RUNTIME_OWNED_SGLANG_FIELDS
+from slime_async.config.flags import field_help as _help
 
 EngineType = Literal["auto", "sglang", "cpu", "external"]
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass

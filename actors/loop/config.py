@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from slime_async.config.flags import field_help as _help
+
 TrainMode = Literal["sync", "one-step-off", "fully-async"]
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
+from slime_async.config.flags import field_help as _help
 
 
 @dataclass

@@ -38,6 +38,11 @@ class FlagType:
     metavar: str | None = None
 
 
+def field_help(text: str) -> dict[str, str]:
+    """``field(metadata=field_help("..."))``: the help text of the flag a field becomes."""
+    return {"help": text}
+
+
 class ConfigError(ValueError):
     """A bad flag, config file entry or combination; the message names it."""
 
