@@ -239,13 +239,7 @@ class EngineClient:
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """`POST /generate` for one prompt; returns SGLang's answer dict (see `parse_generate_output`)."""
-        payload: dict[str, Any] = {
-            "input_ids": input_ids,
-            "sampling_params": sampling_params,
-            "return_logprob": return_logprob,
-        }
-        if rid is not None:
-            payload["rid"] = rid
+        payload = _generate_payload(input_ids, sampling_params, return_logprob, rid)
         return await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
 
     async def generate_batch(
@@ -260,13 +254,7 @@ class EngineClient:
         """`POST /generate` with a list of prompts (SGLang's batch form); one answer per prompt."""
         if rids is not None and len(rids) != len(input_ids):
             raise ValueError(f"generate_batch got {len(rids)} rids for {len(input_ids)} prompts")
-        payload: dict[str, Any] = {
-            "input_ids": input_ids,
-            "sampling_params": sampling_params,
-            "return_logprob": return_logprob,
-        }
-        if rids is not None:
-            payload["rid"] = rids
+        payload = _generate_payload(input_ids, sampling_params, return_logprob, rids)
         result = await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
         if not isinstance(result, list) or len(result) != len(input_ids):
             got = f"a list of {len(result)}" if isinstance(result, list) else type(result).__name__
@@ -500,6 +488,15 @@ class EngineClient:
         if status >= 400:
             raise EngineHTTPError(self.url, endpoint, status, _error_message(body))
         return _decode(body)
+
+
+def _generate_payload(input_ids: Any, sampling_params: Any, return_logprob: bool, rid: Any) -> dict[str, Any]:
+    """The `/generate` body for one prompt or a batch (SGLang takes lists in the same fields)."""
+    payload: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params,
+                               "return_logprob": return_logprob}
+    if rid is not None:
+        payload["rid"] = rid
+    return payload
 
 
 def _retryable(error: EngineError, retry: _Retry) -> bool:
