@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU acceptance runs of issues #3 and #4, on the device tool's nvidia-h200-x2 host
+# (2 H200s, offline, python3 with torch 2.11+cu130). Wheels come from
+# ../shared/gpu/sglang-wheels.sh .gpu-wheels, plus .gpu-wheels/b0 (megatron-core, orjson and
+# pytest-asyncio copied from b2) so the trainer phase runs before SGLang is installed.
+#
+#   phase 1 "trainer" (carry .gpu-wheels/b1 .gpu-wheels/b0): trainer tokens/s + MFU for the
+#           0.5B (GPU 0) and 1.5B (GPU 1) shapes side by side, then the RPC overhead; keeps b1
+#           in /tmp for phase 2, which must follow within the 30 s the host stays warm.
+#   phase 2 "sglang" (carry .gpu-wheels/b2): installs SGLang 0.5.17, serves the 0.5B shape on
+#           GPU 0, then client overhead vs native batch, concurrency scaling, the bf16
+#           SGLang-vs-trainer logprob mismatch (trainer on GPU 1), and the contract suite with
+#           NCCL weight updates from GPU 1 (NCCL_CUMEM_ENABLE=0 on both sides, as required).
+# Results land in $OUT; benchmarks/gpu/results/ keeps the copies.
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 NCCL_CUMEM_ENABLE=0
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+URL=http://127.0.0.1:30000
+pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@" 2>&1 | grep -v -i warning | tail -3; }
+elapsed() { echo "[$(( SECONDS ))s] $*"; }
+
+case ${1:?phase: trainer or sglang} in
+trainer)
+  mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/
+  pipi .gpu-wheels/b0/*.whl
+  nvidia-smi -L
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 benchmarks/gpu/trainer_throughput.py --shape qwen2.5-0.5b \
+    > "$OUT/trainer_0.5b.txt" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 timeout 300 python3 benchmarks/gpu/trainer_throughput.py --shape qwen2.5-1.5b \
+    > "$OUT/trainer_1.5b.txt" 2>&1 &
+  wait
+  elapsed "throughput done"
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/trainer_overhead.py --hidden 896 --layers 24 \
+    --vocab 151936 --samples 16 --seq-len 2048 --max-tokens 8192 --steps 5 > "$OUT/trainer_overhead.txt" 2>&1
+  elapsed "overhead done"
+  for f in "$OUT"/trainer_*.txt; do echo "== $f"; grep -v -i -E "warn|^\s*$" "$f" | tail -14; done
+  ;;
+sglang)
+  [ -d /tmp/b1 ] || { echo "b1 is missing: the host went cold between the phases"; exit 4; }
+  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl
+  python3 -c "import sglang; print('sglang', sglang.__version__)" || exit 3
+  python3 -c "from pathlib import Path; from benchmarks.gpu.qwen_shapes import write_random_model as w; \
+w(Path('/tmp/m05'), 'qwen2.5-0.5b', norm_scale=10.0)" 2>&1 | tail -1
+  ARGV=$(python3 -c "import shlex; from actors.engine.sglang import build_sglang_argv as b; print(shlex.join(b(
+'/tmp/m05', port=30000, python='python3', passthrough={'attention_backend': 'triton', 'sampling_backend': 'pytorch',
+'mem_fraction_static': 0.6, 'log_level': 'warning'})))")
+  elapsed "launch: $ARGV"
+  CUDA_VISIBLE_DEVICES=0 setsid bash -c "exec $ARGV" > /tmp/sglang.log 2>&1 < /dev/null &
+  python3 - <<'PY'
+import time, urllib.request
+deadline = time.time() + 330  # the first launch JIT-compiles kernels for about 3 minutes
+while time.time() < deadline:
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:30000/health_generate", timeout=60) as r:
+            if r.status == 200:
+                break
+    except Exception:
+        time.sleep(2)
+PY
+  elapsed "SGLang ready? $(python3 -c "import urllib.request as u; print(u.urlopen('$URL/health_generate', timeout=30).status)" 2>&1 | tail -1)"
+  timeout 90 python3 benchmarks/engine_throughput.py --url $URL --compare-native --vocab-size 151936 \
+    --compare-requests 128 --prompt-len 64 --max-new-tokens 256 --repeats 3 > "$OUT/engine_compare.txt" 2>&1
+  timeout 60 python3 benchmarks/engine_throughput.py --url $URL --vocab-size 151936 > "$OUT/engine_scaling.txt" 2>&1
+  elapsed "engine benchmarks done"
+  CUDA_VISIBLE_DEVICES=1 timeout 150 python3 benchmarks/gpu/logprob_mismatch.py --url $URL --model-dir /tmp/m05 \
+    > "$OUT/logprob_mismatch.txt" 2>&1
+  elapsed "mismatch done"
+  SLIME_ASYNC_TEST_ENGINE_URL=$URL SLIME_ASYNC_TEST_ENGINE_MODEL=/tmp/m05 SLIME_ASYNC_TEST_WEIGHT_BACKEND=nccl \
+  SLIME_ASYNC_TEST_TRAINER_GPU=1 SLIME_ASYNC_TEST_LOGPROB_ATOL=${ATOL:-0.25} \
+    timeout ${CONTRACT_S:-240} python3 -m pytest -q -p no:cacheprovider tests/contract -rA --timeout 150 \
+    ${K:+-k "$K"} > "$OUT/contract.txt" 2>&1
+  elapsed "contract done"
+  cp /tmp/sglang.log "$OUT/"
+  for f in engine_compare engine_scaling logprob_mismatch; do echo "== $f"; grep -v -i -E "warn" "$OUT/$f.txt" | tail -12; done
+  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|largest" "$OUT/contract.txt" | tail -40
+  ;;
+esac
