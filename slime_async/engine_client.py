@@ -22,6 +22,7 @@ Retry policy (why it differs per endpoint):
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import random
 from dataclasses import dataclass
@@ -490,8 +491,31 @@ class EngineClient:
         return _decode(body)
 
 
+# The caller-facing fields of SGLang 0.5.17's SamplingParams. SGLang answers an unknown one
+# with HTTP 500 (a TypeError in its tokenizer manager), so a typo is caught here with its name.
+SGLANG_SAMPLING_FIELDS = frozenset({
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
+    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params",
+})
+
+
+def check_sampling_params(sampling_params: dict[str, Any] | list[dict[str, Any]]) -> None:
+    """Raise ValueError naming any field that is not one of SGLang's sampling parameters."""
+    for params in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
+        if not isinstance(params, dict):
+            raise ValueError(f"sampling_params must be a dict, got {type(params).__name__}")
+        for key in params:
+            if key not in SGLANG_SAMPLING_FIELDS:
+                close = difflib.get_close_matches(key, SGLANG_SAMPLING_FIELDS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"unknown sampling_params field {key!r}{hint}")
+
+
 def _generate_payload(input_ids: Any, sampling_params: Any, return_logprob: bool, rid: Any) -> dict[str, Any]:
     """The `/generate` body for one prompt or a batch (SGLang takes lists in the same fields)."""
+    check_sampling_params(sampling_params)
     payload: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params,
                                "return_logprob": return_logprob}
     if rid is not None:

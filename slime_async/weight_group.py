@@ -45,6 +45,10 @@ def init_custom_process_group(
         if saved is not None:
             os.environ["TORCHELASTIC_USE_AGENT_STORE"] = saved
     store.set_timeout(timeout)
+    # SGLang (and verl/slime, which share its helper) put the group's store under a prefix of
+    # the group name before c10d adds its own: without the same prefix the two sides look up
+    # different keys for the NCCL unique id / gloo addresses and wait for each other forever.
+    store = c10d.PrefixStore(group_name, store)
     # An empty rank list makes c10d skip the "am I in the default group" membership check,
     # which is what lets a process without a default group build this one.
     created = c10d._new_process_group_helper(

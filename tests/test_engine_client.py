@@ -150,6 +150,16 @@ async def test_generate_batch_sends_a_list_of_prompts_and_returns_one_answer_eac
 
 
 @pytest.mark.asyncio
+async def test_an_unknown_sampling_field_fails_before_sending_and_names_the_field(engine, client):
+    # SGLang answers it with an HTTP 500 (a TypeError in its tokenizer manager).
+    with pytest.raises(ValueError, match="unknown sampling_params field 'temprature' \\(did you mean 'temperature'\\?\\)"):
+        await client.generate([1], {"temprature": 0.5})
+    with pytest.raises(ValueError, match="'top_q'"):
+        await client.generate_batch([[1], [2]], [{"top_p": 1.0}, {"top_q": 1.0}])
+    assert engine.calls("/generate") == []
+
+
+@pytest.mark.asyncio
 async def test_generate_batch_rejects_an_answer_of_the_wrong_length(engine, client):
     engine.reply("/generate", (200, [GENERATE_ANSWER]))
     with pytest.raises(EngineHTTPError, match="batch of 2 prompts answered with a list of 1"):

@@ -234,7 +234,7 @@ class TrainerOps:
         metrics: dict[str, float] = {}
         if info.pp_rank == info.pp_size - 1:
             keys = sorted({k for out in outputs for k in out})
-            sums = torch.tensor([sum(out.get(k, 0.0) for out in outputs) for k in keys], dtype=torch.float64)
+            sums = torch.tensor([sum(out.get(k, 0.0) for out in outputs) for k in keys], dtype=torch.float64, device=self.device)
             dist.all_reduce(sums, group=parallel_state.get_data_parallel_group())
             metrics = dict(zip(keys, sums.tolist()))
         if not (info.reports and info.dp_rank == 0):

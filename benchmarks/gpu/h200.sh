@@ -21,7 +21,10 @@ URL=http://127.0.0.1:30000
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@" 2>&1 | grep -v -i warning | tail -3; }
 elapsed() { echo "[$(( SECONDS ))s] $*"; }
 
-case ${1:?phase: trainer or sglang} in
+case ${1:?phase: stage-b1, trainer or sglang} in
+stage-b1)  # only keep b1 for the sglang phase
+  mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L
+  ;;
 trainer)
   mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/
   pipi .gpu-wheels/b0/*.whl
@@ -60,20 +63,20 @@ while time.time() < deadline:
         time.sleep(2)
 PY
   elapsed "SGLang ready? $(python3 -c "import urllib.request as u; print(u.urlopen('$URL/health_generate', timeout=30).status)" 2>&1 | tail -1)"
-  timeout 90 python3 benchmarks/engine_throughput.py --url $URL --compare-native --vocab-size 151936 \
-    --compare-requests 128 --prompt-len 64 --max-new-tokens 256 --repeats 3 > "$OUT/engine_compare.txt" 2>&1
+  timeout 150 python3 benchmarks/engine_throughput.py --url $URL --compare-native --vocab-size 151936 \
+    --compare-requests 256 --prompt-len 64 --max-new-tokens 1024 --repeats 3 > "$OUT/engine_compare.txt" 2>&1
   timeout 60 python3 benchmarks/engine_throughput.py --url $URL --vocab-size 151936 > "$OUT/engine_scaling.txt" 2>&1
   elapsed "engine benchmarks done"
   CUDA_VISIBLE_DEVICES=1 timeout 150 python3 benchmarks/gpu/logprob_mismatch.py --url $URL --model-dir /tmp/m05 \
     > "$OUT/logprob_mismatch.txt" 2>&1
   elapsed "mismatch done"
   SLIME_ASYNC_TEST_ENGINE_URL=$URL SLIME_ASYNC_TEST_ENGINE_MODEL=/tmp/m05 SLIME_ASYNC_TEST_WEIGHT_BACKEND=nccl \
-  SLIME_ASYNC_TEST_TRAINER_GPU=1 SLIME_ASYNC_TEST_LOGPROB_ATOL=${ATOL:-0.25} \
-    timeout ${CONTRACT_S:-240} python3 -m pytest -q -p no:cacheprovider tests/contract -rA --timeout 150 \
+  SLIME_ASYNC_TEST_TRAINER_GPU=1 SLIME_ASYNC_TEST_LOGPROB_ATOL=${ATOL:-0.5} \
+    timeout ${CONTRACT_S:-270} python3 -m pytest -q -p no:cacheprovider tests/contract -rA --timeout 150 \
     ${K:+-k "$K"} > "$OUT/contract.txt" 2>&1
   elapsed "contract done"
   cp /tmp/sglang.log "$OUT/"
   for f in engine_compare engine_scaling logprob_mismatch; do echo "== $f"; grep -v -i -E "warn" "$OUT/$f.txt" | tail -12; done
-  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|largest" "$OUT/contract.txt" | tail -40
+  grep -E "PASSED|FAILED|ERROR|SKIPPED|XFAIL|passed|failed|difference at|^E  " "$OUT/contract.txt" | tail -60
   ;;
 esac

@@ -52,10 +52,12 @@ def main() -> int:
     group = init_custom_process_group(
         args.backend, args.init_method, args.world_size, 0, args.group_name, timeout=timedelta(seconds=args.timeout_s)
     )
+    print(f"joined {args.group_name} ({args.backend}); broadcasting {len(tensors)} tensors", file=sys.stderr, flush=True)
     for tensor in tensors.values():
         dist.broadcast(tensor.to(device).contiguous(), src=0, group=group)
     if device == "cuda":
         torch.cuda.synchronize()
+    print("broadcast sent", file=sys.stderr, flush=True)
     # Stay in the group until the test has seen the engine finish receiving (it closes our
     # stdin): leaving early could reset connections that still carry the last tensors.
     sys.stdin.read()
