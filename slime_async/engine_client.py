@@ -225,7 +225,9 @@ class EngineClient:
             if not self._owns_session:
                 raise RuntimeError(f"the shared aiohttp session of engine client {self.url} is closed")
             # limit=0: the router bounds concurrency per engine, the pool should not.
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            # keepalive 3 s: SGLang's uvicorn drops idle connections after 5 s, and reusing one it just
+            # closed fails the request with ServerDisconnectedError (aiohttp keeps them 15 s).
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0))
         return self._session
 
     # ---- generation

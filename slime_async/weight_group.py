@@ -12,13 +12,21 @@ so this module is the one place to fix when torch changes it.
 from __future__ import annotations
 
 import os
-
 from datetime import timedelta
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
+
+# NCCL's cuMem allocator breaks a weight-update group between two processes on different GPUs
+# ("Cuda failure 'invalid argument'", then a hang: seen on H200s); slime sets the same default.
+NCCL_ENV_DEFAULTS = {"NCCL_CUMEM_ENABLE": "0"}
+
+
+def nccl_env_defaults() -> dict[str, str]:
+    """Environment for the trainer and engine processes of a weight-update group (user's values win)."""
+    return {key: value for key, value in NCCL_ENV_DEFAULTS.items() if key not in os.environ}
 
 
 def init_custom_process_group(

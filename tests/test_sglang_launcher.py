@@ -15,7 +15,10 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from slime_async.weight_group import nccl_env_defaults
+
 from actors.engine.config import EngineConfig
+from actors.engine.fleet import build_fleet, check_gpu_budget
 from actors.engine.external import ExternalEngineError, discover_external_engine, normalize_engine_url
 from actors.engine.info import EngineInfo
 from actors.engine.sglang import (
@@ -153,6 +156,30 @@ def test_gpus_are_split_into_consecutive_engines():
     assert assign_engine_gpus(8, 2) == [(0, 2), (2, 2), (4, 2), (6, 2)]
     assert assign_engine_gpus(4, 4, first_gpu=4) == [(4, 4)]
     assert assign_engine_gpus(3, 1, first_gpu=1) == [(1, 1), (2, 1), (3, 1)]
+
+
+@pytest.mark.asyncio
+async def test_sglang_engines_start_after_the_trainer_gpus_with_nccl_cumem_off(tmp_path, monkeypatch):
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    monkeypatch.setattr("actors.engine.fleet.importlib.util.find_spec", lambda name: object())
+    config = EngineConfig(engine_type="sglang", rollout_num_gpus=2, rollout_num_gpus_per_engine=1, engine_base_port=31000)
+    fleet = await build_fleet(config, "/m", tmp_path, gpu_available=True, first_gpu=2, gpu_count=4)
+    assert fleet.urls == ["http://127.0.0.1:31000", "http://127.0.0.1:31001"]
+    assert [s.argv[s.argv.index("--base-gpu-id") + 1] for s in fleet.specs] == ["2", "3"]
+    assert all(s.env["NCCL_CUMEM_ENABLE"] == "0" for s in fleet.specs)
+
+
+def test_trainer_plus_rollout_gpus_beyond_the_host_fail_naming_the_counts():
+    check_gpu_budget(1, 1, 2)
+    with pytest.raises(ValueError, match=r"trainer takes GPUs 0..0 and --rollout-num-gpus 2 more, but this host has 2"):
+        check_gpu_budget(1, 2, 2)
+    with pytest.raises(ValueError, match=r"--rollout-num-gpus 2 but this host has 1 GPU"):
+        check_gpu_budget(0, 2, 1)
+
+
+def test_a_user_set_nccl_cumem_wins(monkeypatch):
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")
+    assert nccl_env_defaults() == {}
 
 
 def test_gpus_not_a_multiple_of_the_engine_size_name_both_flags():

@@ -16,6 +16,7 @@ from slime_async.actor import spawn
 from slime_async.net import free_port
 from slime_async.process import ProcessChild, ProcessSpec, http_ready
 from slime_async.supervisor import ChildSpec
+from slime_async.weight_group import nccl_env_defaults
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Fleet:
     kind: str  # cpu | sglang | external
     urls: list[str]
     children: list[ChildSpec] = field(default_factory=list)  # empty for external engines
+    specs: list[ProcessSpec] = field(default_factory=list)  # what each child runs (argv, env)
 
 
 def cpu_engine_spec(name: str, model_path: str, host: str, port: int, config: EngineConfig) -> ProcessSpec:
@@ -34,8 +36,23 @@ def cpu_engine_spec(name: str, model_path: str, host: str, port: int, config: En
                        ready_timeout=config.engine_start_timeout)
 
 
-async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, gpu_available: bool) -> Fleet:
-    """Decide which engines serve this run; owned ones come back as child specs to supervise."""
+def check_gpu_budget(first_gpu: int, rollout_num_gpus: int, gpu_count: int) -> None:
+    """Fail at start when the trainer's GPUs plus the engines' do not fit on this host."""
+    if first_gpu + rollout_num_gpus > gpu_count:
+        raise ValueError(
+            f"the trainer takes GPUs 0..{first_gpu - 1} and --rollout-num-gpus {rollout_num_gpus} more, "
+            f"but this host has {gpu_count} GPU(s)"
+            if first_gpu else f"--rollout-num-gpus {rollout_num_gpus} but this host has {gpu_count} GPU(s)"
+        )
+
+
+async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, gpu_available: bool,
+                      first_gpu: int = 0, gpu_count: int = 0) -> Fleet:
+    """Decide which engines serve this run; owned ones come back as child specs to supervise.
+
+    SGLang engines take the GPUs from ``first_gpu`` on (the trainer's ranks hold 0..first_gpu-1:
+    an engine and the trainer on one GPU could not share an NCCL weight-update group).
+    """
     kind = config.resolved_engine_type(gpu_available, importlib.util.find_spec("sglang") is not None)
     if kind == "external":
         async with aiohttp.ClientSession() as session:
@@ -46,7 +63,8 @@ async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, g
     if kind == "cpu":
         placements = [(None, 1)] * config.rollout_num_engines
     else:
-        placements = assign_engine_gpus(config.rollout_num_gpus, config.rollout_num_gpus_per_engine)
+        check_gpu_budget(first_gpu, config.rollout_num_gpus, gpu_count)
+        placements = assign_engine_gpus(config.rollout_num_gpus, config.rollout_num_gpus_per_engine, first_gpu)
     fleet = Fleet(kind, [])
     for index, (base_gpu, tp_size) in enumerate(placements):
         port = config.engine_base_port + index if config.engine_base_port else free_port(host)
@@ -55,8 +73,10 @@ async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, g
             spec = cpu_engine_spec(name, model_path, host, port, config)
         else:
             spec = sglang_process_spec(name, model_path, host=host, port=port, tp_size=tp_size, base_gpu_id=base_gpu,
-                                       passthrough=config.sglang, ready_timeout=config.engine_start_timeout)
+                                       passthrough=config.sglang, env=nccl_env_defaults(),
+                                       ready_timeout=config.engine_start_timeout)
         fleet.urls.append(f"http://{host}:{port}")
+        fleet.specs.append(spec)
         fleet.children.append(ChildSpec(name, _starter(spec, log_dir)))
     return fleet
 

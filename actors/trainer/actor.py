@@ -37,6 +37,7 @@ from slime_async.batch import Batch
 from slime_async.process import ProcessChild, ProcessExited, ProcessSpec, log_tail
 from slime_async.rpc import RpcBridge, RpcError
 from slime_async.net import free_port
+from slime_async.weight_group import nccl_env_defaults
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class TrainerActor(Actor):
             "--rpc-timeout", str(self.config.trainer_start_timeout),
         ]
         pythonpath = os.pathsep.join(p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        env = {"PYTHONPATH": pythonpath}
+        env = {"PYTHONPATH": pythonpath, **nccl_env_defaults()}
         if self.config.trainer_num_threads:
             env["OMP_NUM_THREADS"] = str(self.config.trainer_num_threads)
         return ProcessSpec(name=f"{self.name}-torchrun", argv=argv, env=env, cwd=str(_REPO_ROOT))

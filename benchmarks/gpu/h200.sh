@@ -11,6 +11,8 @@
 #           GPU 0, then client overhead vs native batch, concurrency scaling, the bf16
 #           SGLang-vs-trainer logprob mismatch (trainer on GPU 1), and the contract suite with
 #           NCCL weight updates from GPU 1 (NCCL_CUMEM_ENABLE=0 on both sides, as required).
+#   phase "rl" (after stage-b1, carry .gpu-wheels/b2): a short synchronous GRPO run of the whole
+#           runtime on GPU (rl_sync_sglang.toml): SGLang launched by the runtime, NCCL updates.
 # Results land in $OUT; benchmarks/gpu/results/ keeps the copies.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -21,7 +23,7 @@ URL=http://127.0.0.1:30000
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@" 2>&1 | grep -v -i warning | tail -3; }
 elapsed() { echo "[$(( SECONDS ))s] $*"; }
 
-case ${1:?phase: stage-b1, trainer or sglang} in
+case ${1:?phase: stage-b1, trainer, sglang or rl} in
 stage-b1)  # only keep b1 for the sglang phase
   mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L
   ;;
@@ -78,5 +80,27 @@ PY
   cp /tmp/sglang.log "$OUT/"
   for f in engine_compare engine_scaling logprob_mismatch; do echo "== $f"; grep -v -i -E "warn" "$OUT/$f.txt" | tail -12; done
   grep -E "PASSED|FAILED|ERROR|SKIPPED|XFAIL|passed|failed|difference at|^E  " "$OUT/contract.txt" | tail -60
+  ;;
+rl)  # after stage-b1 (carry .gpu-wheels/b2): the whole loop on GPU, see rl_sync_sglang.toml
+  [ -d /tmp/b1 ] || { echo "b1 is missing: the host went cold between the phases"; exit 4; }
+  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl
+  python3 -c "from slime_async.tiny_model import build_tiny_model as b; b('/tmp/rl/base', vocab_size=512, \
+hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, \
+max_position_embeddings=4096, tie_word_embeddings=True)" 2>&1 | tail -1
+  python3 examples/quickstart/make_task.py --out /tmp/rl/data | tail -1
+  timeout ${RL_S:-500} python3 -m slime_async.cli train --config benchmarks/gpu/rl_sync_sglang.toml > "$OUT/rl.log" 2>&1
+  elapsed "rl exit $?"
+  cp /tmp/rl/run/metrics.jsonl "$OUT/rl_metrics.jsonl" 2>/dev/null
+  python3 - "$OUT/rl_metrics.jsonl" <<'PY'
+import json, sys
+keys = ["train/logprob_abs_diff", "train/grad_norm", "rollout/reward_mean", "perf/weight_sync_time",
+        "perf/train_time", "perf/step_time", "perf/rollout_tokens_per_s"]
+print("| step | " + " | ".join(k.split("/")[1] for k in keys) + " |")
+for line in open(sys.argv[1]):
+    row = json.loads(line)
+    if "train/step" in row:
+        print(f"| {row['step']} | " + " | ".join(f"{row.get(k, float('nan')):.4g}" for k in keys) + " |")
+PY
+  grep -v -i -E "warn" "$OUT/rl.log" | tail -25
   ;;
 esac
