@@ -5,7 +5,8 @@
 # pytest-asyncio copied from b2) so the trainer phase runs before SGLang is installed.
 #
 #   phase 1 "trainer" (carry .gpu-wheels/b1 .gpu-wheels/b0): trainer tokens/s + MFU for the
-#           0.5B (GPU 0) and 1.5B (GPU 1) shapes side by side, then the RPC overhead; keeps b1
+#           0.5B (GPU 0) and 1.5B (GPU 1) shapes side by side, the RPC overhead, and 1.5B at
+#           TP=2 over both GPUs (NCCL tensor parallelism); keeps b1
 #           in /tmp for phase 2, which must follow within the 30 s the host stays warm.
 #   phase 2 "sglang" (carry .gpu-wheels/b2): installs SGLang 0.5.17, serves the 0.5B shape on
 #           GPU 0, then client overhead vs native batch, concurrency scaling, the bf16
@@ -40,6 +41,9 @@ trainer)
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/trainer_overhead.py --hidden 896 --layers 24 \
     --vocab 151936 --samples 16 --seq-len 2048 --max-tokens 8192 --steps 5 > "$OUT/trainer_overhead.txt" 2>&1
   elapsed "overhead done"
+  timeout 200 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/gpu/trainer_throughput.py \
+    --shape qwen2.5-1.5b --tp 2 > "$OUT/trainer_1.5b_tp2.txt" 2>&1
+  elapsed "TP=2 done"
   for f in "$OUT"/trainer_*.txt; do echo "== $f"; grep -v -i -E "warn|^\s*$" "$f" | tail -14; done
   ;;
 sglang)

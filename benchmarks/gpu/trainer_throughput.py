@@ -1,6 +1,7 @@
 """Megatron trainer speed on one GPU: train-step and logprob tokens/s and MFU, with SDPA attention.
 
     python benchmarks/gpu/trainer_throughput.py --shape qwen2.5-0.5b --seq-lens 1024 2048 4096
+    torchrun --nproc-per-node 2 benchmarks/gpu/trainer_throughput.py --shape qwen2.5-1.5b --tp 2
 
 Runs one trainer rank in this process (`TrainerOps`, the object the torchrun worker serves over
 RPC, so no RPC time is counted: benchmarks/trainer_overhead.py measures that separately) on a
@@ -8,7 +9,7 @@ random-init model with the real architecture's shape (benchmarks/gpu/qwen_shapes
 with Megatron's mixed-precision Adam. Every step trains ``--tokens-per-step`` tokens in
 micro-batches of ``--max-tokens-per-gpu``; half of each sequence is response (scored) tokens.
 
-MFU = achieved FLOP/s / peak, with FLOPs per token = 6 N (N = matmul parameters incl. the LM
+MFU = achieved FLOP/s per GPU / peak, with FLOPs per token = 6 N (N = matmul parameters incl. the LM
 head) + 6 L s d (causal attention, forward + backward); logprob passes are forward only (a third).
 Peaks: 989 TFLOP/s (H200/H100 SXM dense bf16, datasheet) and the 8192^3 bf16 matmul rate
 measured in the same run.
@@ -84,6 +85,7 @@ def main() -> None:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--tokens-per-step", type=int, default=32768)
     parser.add_argument("--max-tokens-per-gpu", type=int, default=8192)
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (run under torchrun with as many ranks)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
@@ -97,8 +99,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(args.model_dir) if args.model_dir else write_random_model(Path(tmp) / "model", args.shape)
         config = TrainerConfig(hf_checkpoint=str(model_dir), max_tokens_per_gpu=args.max_tokens_per_gpu,
-                               megatron={"lr": 1e-6, "clip_grad": 1.0}).validate()
+                               megatron={"lr": 1e-6, "clip_grad": 1.0, "tensor_model_parallel_size": args.tp}).validate()
         ops = TrainerOps(config)
+        if int(os.environ["RANK"]) != 0:  # other ranks only take part in the collectives
+            sys.stdout = open(os.devnull, "w")
         peak = measured_matmul_peak()
         params = sum(p.numel() for p in ops.ddp.parameters())
         precision = "bf16" if ops.model_config.bf16 else str(ops.model_config.params_dtype).removeprefix("torch.")
@@ -120,7 +124,8 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats()
             train_s = timed(lambda: ops.train_step(batch, spec, normalizer), args.warmup, args.steps)
             logprob_s = timed(lambda: ops.compute_logprobs(batch), 1, args.steps)
-            flops = train_flops_per_token(config_hf, seq) * tokens
+            # FLOPs per GPU: a TP group shares one batch.
+            flops = train_flops_per_token(config_hf, seq) * tokens / int(os.environ["WORLD_SIZE"])
             train_tps, logprob_tps = tokens / train_s, tokens / logprob_s
             mem = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
             print(f"| {seq:>7} | {train_tps:>11.0f} | {flops / train_s / DATASHEET_PEAK:>6.1%} "
