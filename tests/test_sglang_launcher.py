@@ -15,11 +15,9 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from slime_async.weight_group import nccl_env_defaults
-
 from actors.engine.config import EngineConfig
-from actors.engine.fleet import build_fleet, check_gpu_budget
 from actors.engine.external import ExternalEngineError, discover_external_engine, normalize_engine_url
+from actors.engine.fleet import build_fleet, check_gpu_budget
 from actors.engine.info import EngineInfo
 from actors.engine.sglang import (
     RUNTIME_OWNED_SGLANG_FIELDS,
@@ -27,6 +25,7 @@ from actors.engine.sglang import (
     build_sglang_argv,
     sglang_process_spec,
 )
+from slime_async.weight_group import nccl_env_defaults
 
 # ---- argv
 

@@ -107,7 +107,7 @@ def main() -> None:
         params = sum(p.numel() for p in ops.ddp.parameters())
         precision = "bf16" if ops.model_config.bf16 else str(ops.model_config.params_dtype).removeprefix("torch.")
         attention = "SDPA" if config.use_sdpa or (config.use_sdpa is None and torch.cuda.is_available()) else "unfused"
-        print(f"{args.shape}: {params / 1e9:.3f} B parameters, {precision}, {attention} attention, "
+        print(f"{args.shape}: {params / 1e9:.3f} B parameters on this rank, {precision}, {attention} attention, "
               f"{args.tokens_per_step} tokens per step in micro-batches of <= {args.max_tokens_per_gpu}")
         print(f"bf16 matmul peak measured here: {peak / 1e12:.0f} TFLOP/s; datasheet {DATASHEET_PEAK / 1e12:.0f}")
         header = (f"| {'seq len':>7} | {'train tok/s':>11} | {'MFU':>6} | {'MFU meas.':>9} | {'logprob tok/s':>13} "
