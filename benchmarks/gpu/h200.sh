@@ -2,7 +2,7 @@
 # The GPU acceptance runs of issues #3 and #4, on the device tool's nvidia-h200-x2 host
 # (2 H200s, offline, python3 with torch 2.11+cu130). Wheels come from
 # ../shared/gpu/sglang-wheels.sh .gpu-wheels, plus .gpu-wheels/b0 (megatron-core, orjson and
-# pytest-asyncio copied from b2) so the trainer phase runs before SGLang is installed.
+# pytest-asyncio copied from b2, and aiorwlock) so the trainer phase runs before SGLang is installed.
 #
 #   phase 1 "trainer" (carry .gpu-wheels/b1 .gpu-wheels/b0): trainer tokens/s + MFU for the
 #           0.5B (GPU 0) and 1.5B (GPU 1) shapes side by side, the RPC overhead, and 1.5B at

@@ -130,6 +130,78 @@ async def test_disk_update_changes_greedy_output_and_weight_version(
     assert (await greedy(http, weights_engine_url))["output_ids"] == reference_greedy(tiny_model_dir)
 
 
+async def running_requests(http: aiohttp.ClientSession, url: str) -> int:
+    async with http.get(url + "/v1/loads") as resp:
+        return (await resp.json())["loads"][0]["num_running_reqs"]
+
+
+async def wait_until_running(http: aiohttp.ClientSession, url: str) -> None:
+    async with asyncio.timeout(60):
+        while await running_requests(http, url) < 1:
+            await asyncio.sleep(0.01)
+
+
+async def flush_cache(http: aiohttp.ClientSession, url: str) -> None:
+    async with http.post(url + "/flush_cache") as resp:
+        assert resp.status == 200
+
+
+LONG = {"temperature": 0, "max_new_tokens": 600, "ignore_eos": True}
+
+
+async def test_an_update_waits_for_running_requests_so_no_response_mixes_versions(
+    weights_engine_url, http, other_weights_dir
+):
+    # SGLang's rule: /update_weights_from_disk takes the write side of model_update_lock, which
+    # every /generate holds the read side of until it answers (unless generation is paused).
+    url, prompt = weights_engine_url, [60, 61, 62]
+    async with http.get(url + "/get_weight_version") as resp:
+        old_version = (await resp.json())["weight_version"]
+    old_long = (await post(http, url, "/generate", {"input_ids": prompt, "sampling_params": LONG}))[1]
+    old_short = (await greedy(http, url))["output_ids"]
+    await flush_cache(http, url)
+
+    running = asyncio.create_task(post(http, url, "/generate", {"input_ids": prompt, "sampling_params": LONG}))
+    await wait_until_running(http, url)
+    update = asyncio.create_task(
+        post(http, url, "/update_weights_from_disk", {"model_path": str(other_weights_dir), "weight_version": "v-new"})
+    )
+    queued = asyncio.create_task(greedy(http, url))
+    done, _ = await asyncio.wait({running, update}, return_when=asyncio.FIRST_COMPLETED)
+    assert running in done  # the update could not finish while the request was generating
+
+    _, out = await running
+    assert out["output_ids"] == old_long["output_ids"]
+    assert out["meta_info"]["weight_version"] == old_version
+    status, body = await update
+    assert status == 200 and body["success"] is True, body
+    # Sent while the update was pending: served entirely before it or entirely after it.
+    q = await queued
+    served = (q["meta_info"]["weight_version"], q["output_ids"])
+    assert served in [(old_version, old_short), ("v-new", reference_greedy(other_weights_dir))]
+
+
+async def test_an_update_while_paused_in_place_applies_at_once_and_the_request_continues_on_it(
+    weights_engine_url, http, other_weights_dir
+):
+    url, prompt = weights_engine_url, [63, 64, 65]
+    old_long = (await post(http, url, "/generate", {"input_ids": prompt, "sampling_params": LONG}))[1]
+    await flush_cache(http, url)
+    running = asyncio.create_task(post(http, url, "/generate", {"input_ids": prompt, "sampling_params": LONG}))
+    await wait_until_running(http, url)
+    await post(http, url, "/pause_generation", {"mode": "in_place"})
+    try:
+        status, body = await post(http, url, "/update_weights_from_disk", {"model_path": str(other_weights_dir)})
+        assert status == 200 and body["success"] is True, body
+        assert not running.done() and await running_requests(http, url) == 1
+    finally:
+        async with http.post(url + "/continue_generation", json={}) as resp:
+            assert resp.status == 200
+    _, out = await running
+    assert len(out["output_ids"]) == LONG["max_new_tokens"]
+    assert out["output_ids"] != old_long["output_ids"]  # the tokens after the swap come from new weights
+
+
 @pytest.mark.parametrize(
     ("case", "message"),
     [

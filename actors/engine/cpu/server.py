@@ -11,6 +11,7 @@ SGLang does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -19,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import aiorwlock
 import orjson
 import torch
 import torch.distributed as dist
@@ -64,6 +66,12 @@ class EngineServer:
         self.groups: dict[str, dist.ProcessGroup] = {}
         # Weight updates are serialised: two concurrent swaps would interleave staging.
         self._update_lock = asyncio.Lock()
+        # SGLang's model_update_lock: every /generate holds the read side until it answers, a
+        # weight swap takes the write side unless generation is paused. Writer-preferring, so
+        # requests that arrive while a swap waits queue behind it.
+        self._model_update_lock = aiorwlock.RWLock()
+        # Held across "is it paused?" and the swap that follows, so a continue cannot slip in.
+        self._pause_lock = asyncio.Lock()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -118,7 +126,8 @@ class EngineServer:
             return _error(str(exc))
         started = time.monotonic()
         try:
-            finished = await asyncio.gather(*(self._run(item) for item in items))
+            async with self._model_update_lock.reader_lock:
+                finished = await asyncio.gather(*(self._run(item) for item in items))
         except asyncio.CancelledError:
             # The client went away: stop spending compute on its requests, as SGLang does.
             rids = [item.rid for item in items]
@@ -271,11 +280,13 @@ class EngineServer:
         mode = body.get("mode", "abort")
         if mode not in PAUSE_MODES:
             return _error(f"Invalid mode: {mode!r}. Expected one of {list(PAUSE_MODES)}.")
-        await self._control(lambda: self.scheduler.pause(mode))
+        async with self._pause_lock:
+            await self._control(lambda: self.scheduler.pause(mode))
         return _json({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, _request: web.Request) -> web.Response:
-        await self._control(self.scheduler.resume)
+        async with self._pause_lock:
+            await self._control(self.scheduler.resume)
         return _json({"message": "Generation continued successfully.", "status": "ok"})
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
@@ -394,19 +405,30 @@ class EngineServer:
         return _json({"success": True, "message": "Succeeded to destroy custom process group."})
 
     async def _swap(self, staged: dict[str, torch.Tensor], body: dict[str, Any]) -> None:
-        """Apply staged weights between two scheduler steps.
+        """Apply staged weights between two scheduler steps, with SGLang's timing.
 
-        Requests still in flight continue on the new weights (their earlier tokens keep the
-        old version's KV), which is what partial rollout with `token_versions` expects.
-        SGLang instead holds the update until in-flight requests end, so callers pause or
-        abort first either way.
+        Not paused: the swap waits until every in-flight /generate has answered, and requests
+        arriving meanwhile wait for the swap, so no response mixes two weight versions.
+        Paused: the swap happens at once; requests paused in place then continue on the new
+        weights (their earlier tokens keep the old version's KV). ``abort_all_requests`` ends
+        in-flight requests first instead of waiting for them.
         """
         if body.get("abort_all_requests", False):
             await self._control(lambda: self.scheduler.abort(abort_all=True))
         flush = bool(body.get("flush_cache", True))
-        await self._control(lambda: self.scheduler.swap_weights(staged, flush))
-        if body.get("weight_version") is not None:
-            self.weight_version = str(body["weight_version"])
+        async with self._swap_window():
+            await self._control(lambda: self.scheduler.swap_weights(staged, flush))
+            if body.get("weight_version") is not None:
+                self.weight_version = str(body["weight_version"])
+
+    @contextlib.asynccontextmanager
+    async def _swap_window(self):
+        async with self._pause_lock:
+            if self.scheduler.paused:  # set by pause() through _control, so current here
+                yield
+                return
+        async with self._model_update_lock.writer_lock:
+            yield
 
     @staticmethod
     def _versioned(message: str, body: dict[str, Any]) -> str:
