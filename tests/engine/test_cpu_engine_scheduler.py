@@ -10,7 +10,7 @@ import pytest
 
 from actors.engine.cpu.model_runner import ModelRunner
 from actors.engine.cpu.protocol import SamplingParams
-from actors.engine.cpu.scheduler import Request, Scheduler, SchedulerConfig
+from actors.engine.cpu.scheduler import Request, Scheduler, SchedulerConfig, ThroughputWindow
 
 
 @pytest.fixture
@@ -53,3 +53,19 @@ def test_stopping_the_scheduler_aborts_what_is_left(tiny_model_dir):
     pending = submit(sched, "left-behind", 10)
     sched.stop()
     assert pending.result(timeout=10).finish_reason["type"] == "abort"
+
+
+def test_gen_throughput_counts_the_decode_steps_inside_the_window():
+    window = ThroughputWindow(window_s=10.0)
+    assert window.rate(now=0.0) == 0.0
+    window.add(started=0.0, ended=1.0, tokens=4)
+    window.add(started=1.0, ended=2.0, tokens=4)
+    assert window.rate(now=2.0) == 4.0  # 8 tokens since t=0
+    assert window.rate(now=12.0) == 4 / 11  # the first step ended before t=2: only the second counts
+    assert window.rate(now=12.5) == 0.0  # idle for longer than the window
+
+
+def test_loads_report_the_recent_decode_throughput(scheduler):
+    assert scheduler.call(scheduler.loads).result()["gen_throughput"] == 0.0
+    submit(scheduler, "r", 20).result(timeout=60)
+    assert scheduler.call(scheduler.loads).result()["gen_throughput"] > 0.0

@@ -20,8 +20,8 @@ scheduler over the model's forward with per-sequence caches does all of it in on
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -101,6 +101,29 @@ class SchedulerStats:
     prompt_tokens: int = 0
 
 
+class ThroughputWindow:
+    """Decoded tokens per second over the last ``window_s`` seconds (SGLang's ``gen_throughput``).
+
+    Each decode step is recorded with its start, end and token count; the rate is the tokens
+    of the steps that ended inside the window over the time since the first of them started,
+    so an idle engine drops to 0 once its last step leaves the window.
+    """
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._steps: deque[tuple[float, float, int]] = deque()
+
+    def add(self, started: float, ended: float, tokens: int) -> None:
+        self._steps.append((started, ended, tokens))
+
+    def rate(self, now: float) -> float:
+        while self._steps and self._steps[0][1] < now - self.window_s:
+            self._steps.popleft()
+        if not self._steps:
+            return 0.0
+        return sum(tokens for _, _, tokens in self._steps) / max(now - self._steps[0][0], 1e-9)
+
+
 class Scheduler:
     """Owns the scheduler thread; see the module docstring for the loop."""
 
@@ -110,6 +133,7 @@ class Scheduler:
         self.config = config
         self.prefix_cache = PrefixCache(config.prefix_cache_max_tokens)
         self.stats = SchedulerStats()
+        self.throughput = ThroughputWindow()
         self.paused = False
         self.pause_mode: str | None = None
         self._waiting: deque[Request] = deque()
@@ -195,6 +219,7 @@ class Scheduler:
             "token_usage": round(used / self.config.max_total_tokens, 4),
             "prefix_cache_tokens": self.prefix_cache.total_tokens,
             "paused": self.paused,
+            "gen_throughput": round(self.throughput.rate(time.monotonic()), 2),
         }
 
     # ---- the loop -----------------------------------------------------------------------
@@ -287,7 +312,9 @@ class Scheduler:
     def _decode(self) -> None:
         batch = list(self._running)
         self.stats.max_running_batch = max(self.stats.max_running_batch, len(batch))
+        started = time.monotonic()
         logits, caches = self.runner.decode([r.output_ids[-1] for r in batch], [r.kv for r in batch])
+        self.throughput.add(started, time.monotonic(), len(batch))
         self.stats.num_decode_steps += 1
         self.stats.num_decoded_tokens += len(batch)
         for request, kv in zip(batch, caches):

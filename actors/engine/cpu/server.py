@@ -181,7 +181,8 @@ class EngineServer:
         )
 
     async def get_server_info(self, _request: web.Request) -> web.Response:
-        stats = await self._control(lambda: dict(vars(self.scheduler.stats)))
+        stats = await self._control(lambda: {
+            **vars(self.scheduler.stats), "last_gen_throughput": self.scheduler.loads()["gen_throughput"]})
         return _json(
             {
                 "model_path": self.model_path,
@@ -217,7 +218,7 @@ class EngineServer:
             "max_total_num_tokens": load["max_total_num_tokens"],
             "max_running_requests": load["max_running_requests"],
             "token_usage": load["token_usage"],
-            "gen_throughput": 0.0,
+            "gen_throughput": load["gen_throughput"],
             "cache_hit_rate": round(stats.cache_hit_tokens / stats.prompt_tokens, 4) if stats.prompt_tokens else 0.0,
             "utilization": round(load["num_running_reqs"] / load["max_running_requests"], 4),
         }
@@ -233,7 +234,7 @@ class EngineServer:
                     "total_waiting_reqs": entry["num_waiting_reqs"],
                     "total_reqs": entry["num_total_reqs"],
                     "avg_token_usage": entry["token_usage"],
-                    "avg_throughput": 0.0,
+                    "avg_throughput": entry["gen_throughput"],
                     "avg_utilization": entry["utilization"],
                 },
             }
