@@ -17,12 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +28,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from actors.engine.cpu.local import LocalEngineError, start_local_engine, stop_local_engine  # noqa: E402
 from slime_async.engine_client import EngineClient, parse_generate_output  # noqa: E402
 
 
@@ -90,39 +87,6 @@ def print_table(rows: list[Row]) -> None:
         print(f"{row.label:<28} {row.requests:>8} {row.tokens:>8} {row.seconds:>8.2f} {row.tokens_per_s:>10.1f} {p50:>10.3f}")
 
 
-# ---- a CPU engine for the run
-
-
-def start_cpu_engine(model_dir: Path, log_path: Path, max_running: int, threads: int) -> tuple[subprocess.Popen, str]:
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "actors.engine.cpu", "--model-path", str(model_dir), "--port", "0",
-             "--max-running-requests", str(max_running), "--num-threads", str(threads)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, start_new_session=True,
-        )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"CPU engine exited with code {process.returncode}; see {log_path}")
-        match = re.search(r"listening on (http://\S+)", log_path.read_text(errors="replace"))
-        if match:
-            return process, match.group(1)
-        time.sleep(0.2)
-    stop_engine(process)
-    raise SystemExit(f"CPU engine did not start within 180 s; see {log_path}")
-
-
-def stop_engine(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 async def wait_healthy(client: EngineClient) -> None:
     for _ in range(600):
         if await client.health_generate():
@@ -171,7 +135,11 @@ async def main_async(args: argparse.Namespace) -> None:
             from slime_async.tiny_model import build_tiny_model
 
             model_dir = Path(args.model_path) if args.model_path else build_tiny_model(Path(tmp) / "model")
-            engine, url = start_cpu_engine(model_dir, Path(tmp) / "engine.log", args.max_running_requests, args.threads)
+            try:
+                engine, url = start_local_engine(model_dir, Path(tmp) / "engine.log", "--max-running-requests",
+                                                 str(args.max_running_requests), "--num-threads", str(args.threads))
+            except LocalEngineError as exc:
+                raise SystemExit(str(exc)) from exc
         try:
             async with EngineClient(url, api_key=args.api_key, timeout=600) as client:
                 await wait_healthy(client)
@@ -184,7 +152,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     await scaling(client, args, vocab)
         finally:
             if engine is not None:
-                stop_engine(engine)
+                stop_local_engine(engine)
 
 
 def main() -> None:

@@ -18,13 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +27,9 @@ import pytest
 import pytest_asyncio
 import torch
 
+from actors.engine.cpu.local import LocalEngineError, start_local_engine, stop_local_engine
 from slime_async.engine_client import EngineClient
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_START_TIMEOUT_S = 180.0
 
 
@@ -48,45 +42,6 @@ class EngineUnderTest:
     kind: str  # "cpu" or "external"
     logprob_atol: float
     trainer_env: dict[str, str]  # extra environment of the trainer-side broadcast process
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _wait_until_ready(process: subprocess.Popen, log_path: Path) -> str:
-    """Read the engine's URL from its log, then wait for /health_generate to answer 200."""
-    deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-    url = None
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"CPU engine exited with code {process.returncode}; log {log_path}:\n{_tail(log_path)}")
-        if url is None:
-            match = re.search(r"listening on (http://\S+)", log_path.read_text(errors="replace"))
-            url = match.group(1) if match else None
-        if url is not None:
-            try:
-                with urllib.request.urlopen(url + "/health_generate", timeout=30) as response:
-                    if response.status == 200:
-                        return url
-            except (urllib.error.URLError, OSError):
-                pass
-        time.sleep(0.2)
-    pytest.fail(f"CPU engine not ready within {ENGINE_START_TIMEOUT_S:g} s; log {log_path}:\n{_tail(log_path)}")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 @pytest.fixture(scope="session")
@@ -107,21 +62,15 @@ def engine_under_test(tmp_path_factory: pytest.TempPathFactory) -> EngineUnderTe
 
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model")
     log_path = tmp_path_factory.mktemp("cpu_engine") / "engine.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "actors.engine.cpu", "--model-path", str(model_dir), "--port", "0",
-             "--host", "127.0.0.1", "--num-threads", "1"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-            start_new_session=True,  # its own process group, so teardown reaches everything it spawned
-        )
     try:
-        url = _wait_until_ready(process, log_path)
+        process, url = start_local_engine(model_dir, log_path, "--host", "127.0.0.1", "--num-threads", "1",
+                                          timeout=ENGINE_START_TIMEOUT_S)
+    except LocalEngineError as exc:
+        pytest.fail(str(exc))
+    try:
         yield EngineUnderTest(url, model_dir, "gloo", None, "cpu", atol, {})
     finally:
-        _stop(process)
+        stop_local_engine(process)
 
 
 @pytest.fixture(scope="session")

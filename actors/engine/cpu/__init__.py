@@ -7,4 +7,5 @@ Modules, from the outside in:
   prefix_cache.py  LRU cache of finished sequences' KV for multi-turn / group prompts
   model_runner.py  transformers model: prefill, batched decode, sampling, weight staging
   config.py        command line and start-up checks (no heavy imports)
+  local.py         start/stop it as a local subprocess (benchmarks and tests)
 """
