@@ -31,17 +31,16 @@ from slime_async.batch import Batch  # noqa: E402
 from slime_async.engine_client import EngineClient, parse_generate_output  # noqa: E402
 
 
-def fp32_logprobs(model, batch: Batch, chunk: int = 8) -> list[list[float]]:
-    """log softmax(logits / T) at every response token, with an fp32 transformers model."""
+def fp32_logprobs(model, batch: Batch) -> list[list[float]]:
+    """log softmax(logits / T) at every response token, with an fp32 transformers model (one sample at a time)."""
     rows = []
     device = next(model.parameters()).device
-    for start in range(0, len(batch), chunk):
-        for tokens, rlen in zip(batch.tokens[start:start + chunk], batch.response_lengths[start:start + chunk]):
-            with torch.no_grad():
-                logits = model(torch.tensor([tokens], device=device)).logits[0, -rlen - 1:-1].float()
-            logprobs = torch.log_softmax(logits / batch.temperature, dim=-1)
-            picked = logprobs.gather(1, torch.tensor(tokens[-rlen:], device=device)[:, None]).squeeze(1)
-            rows.append(picked.tolist())
+    for tokens, rlen in zip(batch.tokens, batch.response_lengths):
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens], device=device)).logits[0, -rlen - 1:-1].float()
+        logprobs = torch.log_softmax(logits / batch.temperature, dim=-1)
+        picked = logprobs.gather(1, torch.tensor(tokens[-rlen:], device=device)[:, None]).squeeze(1)
+        rows.append(picked.tolist())
     return rows
 
 
