@@ -41,6 +41,7 @@ class _Window:
     response_lengths: list[int] = field(default_factory=list)
     truncated: int = 0
     resumed: int = 0
+    tokens_kept_on_abort: int = 0
     tokens: int = 0
     busy_time: float = 0.0  # seconds with at least one generation in flight
     started: float = field(default_factory=time.monotonic)
@@ -116,6 +117,7 @@ class RolloutActor(Actor):
             "rollout/groups_filtered": float(self._counters["groups_filtered"]),
             "rollout/groups_failed": float(self._counters["groups_failed"]),
             "rollout/samples_resumed": float(window.resumed),
+            "rollout/tokens_kept_on_abort": float(window.tokens_kept_on_abort),
             "rollout/tokens": float(window.tokens),
             "perf/rollout_tokens_per_s": window.tokens / elapsed,
             "perf/engine_busy_time": window.busy_time,
@@ -261,6 +263,7 @@ class RolloutActor(Actor):
             window.response_lengths.append(sample.response_length)
             window.truncated += sample.status is Status.TRUNCATED
             window.resumed += bool(sample.metadata.get("resumes"))
+            window.tokens_kept_on_abort += sample.metadata.get("tokens_kept_on_abort", 0)
             window.tokens += sum(sample.loss_mask)
 
     # ----- evaluation ------------------------------------------------------------------------------

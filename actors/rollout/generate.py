@@ -77,7 +77,9 @@ class GenerateContext:
             produced += len(output.output_ids)
             if output.finish_type != "abort":
                 return output.finish_type
+            # What resumption saves: these tokens are not generated again.
             sample.metadata["resumes"] = sample.metadata.get("resumes", 0) + 1
+            sample.metadata["tokens_kept_on_abort"] = sample.metadata.get("tokens_kept_on_abort", 0) + len(output.output_ids)
         raise GenerationFailed(f"sample {sample.group_index}/{sample.index}: aborted {MAX_RESUMES} times")
 
 
