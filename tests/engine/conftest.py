@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import subprocess
 import sys
-import threading
-import time
-import urllib.error
-import urllib.request
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -19,9 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from actors.engine.cpu.local import start_local_engine, stop_local_engine
+from slime_async.process import log_tail
 from slime_async.tiny_model import build_tiny_model
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
 
 
@@ -39,65 +34,17 @@ def other_weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @contextlib.contextmanager
 def run_engine(model_dir: Path, *extra_args: str) -> Iterator[str]:
-    """Start the CPU engine on a free 127.0.0.1 port; yield its URL once /health answers."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "actors.engine.cpu", "--model-path", str(model_dir), "--port", "0", *extra_args],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    """Start the CPU engine on a free 127.0.0.1 port; yield its URL once it can generate."""
+    log_path = Path(tempfile.mkdtemp(prefix="cpu-engine-")) / "engine.log"
+    process, url = start_local_engine(model_dir, log_path, *extra_args, timeout=START_TIMEOUT_S)
     try:
-        url = _wait_for_url(proc)
-        # Keep reading the engine's output so a chatty engine never blocks on a full pipe.
-        threading.Thread(target=_drain, args=(proc,), daemon=True).start()
-        _wait_for_health(url, proc)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _drain(proc: subprocess.Popen) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "Traceback" in line or "ERROR" in line:
-            sys.stderr.write("[engine] " + line)
-
-
-def _wait_for_url(proc: subprocess.Popen) -> str:
-    assert proc.stdout is not None
-    seen = []
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"engine exited with {proc.wait()} before listening:\n{''.join(seen)}")
-        seen.append(line)
-        match = re.search(r"listening on (http://\S+)", line)
-        if match:
-            return match.group(1)
-    raise RuntimeError(f"engine did not start within {START_TIMEOUT_S}s:\n{''.join(seen)}")
-
-
-def _wait_for_health(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            time.sleep(0.2)
-    raise RuntimeError(f"{url}/health did not answer within {START_TIMEOUT_S}s")
+        stop_local_engine(process)
+        # pytest shows a failing test's stderr: the engine's tracebacks belong there.
+        errors = [line for line in log_tail(log_path, 200).splitlines() if "Traceback" in line or "ERROR" in line]
+        if errors:
+            sys.stderr.write("".join(f"[engine] {line}\n" for line in errors) + f"[engine] full log: {log_path}\n")
 
 
 @pytest.fixture(scope="session")
