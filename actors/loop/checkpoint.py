@@ -9,6 +9,7 @@ repeats a prompt. ``<save>/latest`` names the newest complete step directory.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -41,12 +42,13 @@ class RunCheckpointer:
             await self.trainer.ask("save", str(directory / "trainer"), timeout=None)
             if self.config.save_hf:
                 await self.trainer.ask("export_hf", self.config.save_hf.format(step=step), timeout=None)
-        state = {
-            "step": step,
-            "version": version,
-            "rollout": await self.rollout.ask("state_dict"),
-            "buffer": await self.buffer.ask("state_dict"),
-        }
+        # Rollout first, then buffer: a group leaves the rollout's in-flight set in the same tick
+        # as its `put` enters the buffer's mailbox, ahead of this `state_dict`, so no group can
+        # be in neither snapshot; one can be in both, and is then kept only as buffered.
+        rollout_state = await self.rollout.ask("state_dict")
+        buffer_state = await self.buffer.ask("state_dict")
+        rollout_state["pending_prompts"] = without_buffered(rollout_state["pending_prompts"], buffer_state)
+        state = {"step": step, "version": version, "rollout": rollout_state, "buffer": buffer_state}
         (directory / STATE_FILE).write_bytes(orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY))
         # Written last: a crash mid-save leaves the previous checkpoint as the latest.
         (root / "latest").write_text(directory.name)
@@ -66,3 +68,9 @@ class RunCheckpointer:
         await self.rollout.ask("load_state_dict", state["rollout"])
         await self.buffer.ask("load_state_dict", state["buffer"])
         return int(state["step"]), int(state["version"])
+
+
+def without_buffered(pending_prompts: list[dict[str, Any]], buffer_state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rollout's pending prompts less those whose group is already in the buffer's state."""
+    buffered = {sample["group_index"] for group in buffer_state["groups"] for sample in group}
+    return [p for p in pending_prompts if p["group_index"] is None or p["group_index"] not in buffered]

@@ -135,18 +135,22 @@ class RolloutActor(Actor):
 
     def state_dict(self) -> dict[str, Any]:
         """The data cursor plus prompts whose groups were started but not yet in the buffer:
-        a resumed run regenerates exactly those, so no prompt is skipped or repeated."""
+        a resumed run regenerates exactly those, so no prompt is skipped or repeated.
+
+        Each pending prompt carries the group index it runs under (None for one waiting to be
+        retried): a group that reaches the buffer between this snapshot and the buffer's is in
+        both, and the checkpointer drops it from here by that index."""
         return {
             "dataset": self.dataset.state_dict(),
             "next_group_index": self._next_group_index,
-            "pending_prompts": [p.to_dict() for p in self._in_flight_prompts.values()]
-            + [p.to_dict() for p, _ in self._retry],
+            "pending_prompts": [{"group_index": g, "prompt": p.to_dict()} for g, p in self._in_flight_prompts.items()]
+            + [{"group_index": None, "prompt": p.to_dict()} for p, _ in self._retry],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.dataset.load_state_dict(state["dataset"])
         self._next_group_index = state["next_group_index"]
-        self._retry = [(Prompt.from_dict(prompt), 0) for prompt in state.get("pending_prompts", [])]
+        self._retry = [(Prompt.from_dict(pending["prompt"]), 0) for pending in state.get("pending_prompts", [])]
 
     # ----- production ----------------------------------------------------------------------------
     async def _produce(self) -> None:
