@@ -56,13 +56,8 @@ class RunCheckpointer:
 
     async def load(self, path: str) -> tuple[int, int]:
         """Restore from a step directory or a save root (its latest); returns (step, version)."""
-        directory = Path(path)
-        if (directory / "latest").is_file():
-            directory = directory / (directory / "latest").read_text().strip()
-        state_file = directory / STATE_FILE
-        if not state_file.is_file():
-            raise FileNotFoundError(f"--load {path}: no {STATE_FILE} in {directory}")
-        state = orjson.loads(state_file.read_bytes())
+        directory = checkpoint_directory(path)
+        state = read_run_state(directory)
         if self.trainer is not None:
             await self.trainer.ask("load", str(directory / "trainer"), timeout=None)
         await self.rollout.ask("load_state_dict", state["rollout"])
@@ -74,3 +69,25 @@ def without_buffered(pending_prompts: list[dict[str, Any]], buffer_state: dict[s
     """The rollout's pending prompts less those whose group is already in the buffer's state."""
     buffered = {sample["group_index"] for group in buffer_state["groups"] for sample in group}
     return [p for p in pending_prompts if p["group_index"] is None or p["group_index"] not in buffered]
+
+
+def checkpoint_directory(path: str | Path) -> Path:
+    """``path`` itself (a step directory), or the latest step directory of a save root."""
+    directory = Path(path)
+    if (directory / "latest").is_file():
+        directory = directory / (directory / "latest").read_text().strip()
+    return directory
+
+
+def read_run_state(directory: Path) -> dict[str, Any]:
+    state_file = directory / STATE_FILE
+    if not state_file.is_file():
+        raise FileNotFoundError(f"--load {directory}: no {STATE_FILE} there")
+    return orjson.loads(state_file.read_bytes())
+
+
+def latest_checkpoint(save: str | Path | None) -> Path | None:
+    """The newest complete checkpoint under the save root ``save``, if any."""
+    if not save or not (Path(save) / "latest").is_file():
+        return None
+    return checkpoint_directory(save)

@@ -1,6 +1,7 @@
 """``slime-async train``: build the supervision tree for a run, then run the RL loop in it.
 
-    slime-async (root, one_for_one, no restarts: a failure here ends the run with its reason)
+    slime-async (root, one_for_one, no restarts: a failure ends this attempt with its reason; a run
+                 that has trained then restarts whole from its latest checkpoint, --max-run-restarts)
     ├── engines (supervisor, one_for_one, --supervisor-max-restarts): engine-0 … engine-N
     ├── router ── monitor ── buffer
     ├── trainer (torchrun group of Megatron ranks, driven over torch.distributed.rpc)
@@ -12,12 +13,13 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from actors.buffer import BufferActor
 from actors.engine.fleet import build_fleet
-from actors.loop.checkpoint import RunCheckpointer
-from actors.loop.run import Handles, train_loop
+from actors.loop.checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
+from actors.loop.run import Handles, RunProgress, train_loop
 from actors.loop.replay import replay_loop
 from actors.loop.sft import sft_loop
 from actors.loop.weight_sync import WeightSync
@@ -29,7 +31,7 @@ from actors.trainer.actor import TrainerActor
 from slime_async.actor import spawn
 from slime_async.config.loader import dump_config, print_config
 from slime_async.config.run import RunConfig
-from slime_async.runtime import run, run_supervised
+from slime_async.runtime import EXIT_FAILURE, run, run_supervised
 from slime_async.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger("slime_async")
@@ -41,8 +43,28 @@ def run_train(config: RunConfig) -> int:
     logging.basicConfig(level=config.cluster.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print_config(config)
     dump_config(config, run_dir / "config.yaml")
-    loop_kind = config.cluster.event_loop
-    return run(lambda: _main(config, run_dir), use_uvloop=None if loop_kind == "auto" else loop_kind == "uvloop")
+    use_uvloop = None if config.cluster.event_loop == "auto" else config.cluster.event_loop == "uvloop"
+    restarts = 0
+    while True:
+        progress = RunProgress()
+        code = run(lambda: _main(config, run_dir, restarts, progress), use_uvloop=use_uvloop)
+        if not should_restart(config, code, progress, restarts):
+            return code
+        # Each attempt is a fresh event loop and process tree; everything else comes from the
+        # checkpoint, exactly as for `--load` by hand.
+        restarts += 1
+        latest = latest_checkpoint(config.checkpoint.save)
+        if latest is not None:
+            config = replace(config, checkpoint=replace(config.checkpoint, load=str(latest)))
+        log.warning("the run failed after %d trained step(s); restart %d of %d from %s", progress.steps_trained,
+                    restarts, config.checkpoint.max_run_restarts, config.checkpoint.load or "the start")
+
+
+def should_restart(config: RunConfig, code: int, progress: RunProgress, restarts: int) -> bool:
+    """A run restarts after a failure (not a signal) once it has trained: a failure before the
+    first step (a bad reward module, an engine that cannot start) would only repeat."""
+    return (code == EXIT_FAILURE and progress.steps_trained > 0 and bool(config.checkpoint.save)
+            and restarts < config.checkpoint.max_run_restarts)
 
 
 def _load_tokenizer(config: RunConfig):
@@ -64,7 +86,7 @@ def _dataset(config: RunConfig, path: str, tokenizer, *, shuffle: bool, num_epoc
                          shuffle=shuffle, seed=r.rollout_seed, num_epoch=num_epoch)
 
 
-async def _main(config: RunConfig, run_dir: Path) -> int:
+async def _main(config: RunConfig, run_dir: Path, restarts: int = 0, progress: RunProgress | None = None) -> int:
     import torch
 
     if config.train.debug_train_only:
@@ -93,7 +115,8 @@ async def _main(config: RunConfig, run_dir: Path) -> int:
             "engines", fleet.children, max_restarts=config.cluster.supervisor_max_restarts,
             max_seconds=config.cluster.supervisor_max_seconds))),
         ChildSpec("router", lambda: spawn(RouterActor(config.router, fleet.urls, api_key=config.engine.engine_api_key))),
-        ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps))),
+        ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps,
+                                                        resume_step=_resume_step(config, restarts)))),
         # The staleness rule counts groups per *version*: a sync every N steps consumes N steps' groups.
         # Over-sampling admits more groups per version than a step trains, so groups the dynamic
         # filter drops are already replaced; surplus that outlives the bound is dropped as stale.
@@ -122,19 +145,30 @@ async def _main(config: RunConfig, run_dir: Path) -> int:
         start_step = start_version = 0
         if config.checkpoint.load:
             start_step, start_version = await checkpointer.load(config.checkpoint.load)
-            if sync is not None and start_version > 0:
-                await sync(start_version)  # engines start from the HF checkpoint: give them the resumed weights
+        if sync is not None and (start_version > 0 or restarts):
+            # Owned engines start from the HF checkpoint, external ones serve whatever the failed
+            # attempt left them: give them the weights this attempt starts from.
+            await sync(start_version)
+        if config.checkpoint.load:
             await child("buffer").ask("set_version", start_version)
         handles = Handles(rollout=child("rollout"), buffer=child("buffer"), trainer=trainer, router=child("router"),
                           monitor=child("monitor"), weight_sync=sync, checkpointer=checkpointer,
                           eval_dataset=eval_dataset, total_steps=total_steps, start_step=start_step,
-                          start_version=start_version)
+                          start_version=start_version, restarts=restarts, progress=progress or RunProgress())
         code = await train_loop(config, handles)
         print(f"run finished: {run_dir}", file=sys.stderr)
         return code
 
     return await run_supervised(root, main)
 
+
+
+def _resume_step(config: RunConfig, restarts: int) -> int | None:
+    """The first step this attempt logs when it repeats steps already logged in the run dir:
+    TensorBoard hides the earlier attempt's points from there on."""
+    if config.checkpoint.load:
+        return int(read_run_state(checkpoint_directory(config.checkpoint.load))["step"]) + 1
+    return 1 if restarts else None
 
 
 async def _sft_main(config: RunConfig, run_dir: Path, dataset, tokenizer, total_steps: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.loop.batching import build_train_batch
@@ -21,6 +21,13 @@ from slime_async.actor import ActorRef
 from slime_async.config.run import RunConfig
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunProgress:
+    """What one attempt of a run achieved; the launcher reads it after a failure."""
+
+    steps_trained: int = 0
 
 
 @dataclass
@@ -38,6 +45,8 @@ class Handles:
     total_steps: int
     start_step: int = 0
     start_version: int = 0
+    restarts: int = 0  # how often this run was restarted from a checkpoint after a failure
+    progress: RunProgress = field(default_factory=RunProgress)
 
 
 async def train_loop(config: RunConfig, h: Handles) -> int:
@@ -71,10 +80,12 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
             await h.buffer.ask("set_version", version)
         metrics["perf/step_time"] = time.monotonic() - started
         metrics["train/version"] = float(version)
+        metrics["run/restarts"] = float(h.restarts)
         metrics.update(await h.rollout.ask("metrics"))
         metrics.update(await h.buffer.ask("metrics"))
         metrics.update(await h.router.ask("metrics"))
         h.monitor.tell("log", step, metrics)
+        h.progress.steps_trained += 1
         if h.eval_dataset is not None and config.rollout.eval_interval and step % config.rollout.eval_interval == 0:
             evaluations[step] = asyncio.ensure_future(_evaluate(h, step))
         if h.checkpointer is not None and h.checkpointer.due(step):

@@ -36,8 +36,13 @@ class CheckpointConfig:
     save_interval: int | None = field(default=None, metadata=_help("save every N training steps"))
     save_hf: str | None = field(default=None, metadata=_help(
         "also export HF-format weights here at each save ({step} is replaced by the step)"))
+    max_run_restarts: int = field(default=3, metadata=_help(
+        "when an RL run that has trained fails (a trainer rank dies, engines run out of restarts...), "
+        "restart the whole run from the latest checkpoint in --save up to this many times; needs --save"))
 
     def validate(self) -> None:
+        if self.max_run_restarts < 0:
+            raise ValueError("--max-run-restarts must be >= 0")
         if self.save_interval is not None and self.save_interval <= 0:
             raise ValueError("--save-interval must be > 0")
         if self.save_interval is not None and not self.save:

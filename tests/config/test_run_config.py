@@ -109,6 +109,8 @@ def test_contradictory_combinations_fail_at_start():
         parse_run_config([*REQUIRED, "--train-mode", "sync", "--max-staleness", "2"])
     with pytest.raises(ConfigError, match=r"eps_clip_c"):
         parse_run_config([*REQUIRED, "--eps-clip-c", "0.5"])
+    with pytest.raises(ConfigError, match=r"--max-run-restarts must be >= 0"):
+        parse_run_config([*REQUIRED, "--max-run-restarts", "-1"])
 
 
 def test_missing_required_inputs_are_named():

@@ -1,10 +1,11 @@
-"""End-to-end: a fully-async run SIGKILLed after a checkpoint resumes with `--load` and loses nothing.
+"""End-to-end: crashes after a checkpoint lose nothing — by hand (`--load`) and by the run itself.
 
-Run A (`slime-async train`, CPU engine + Megatron CPU trainer, 6 steps, a checkpoint every 2)
-is killed with SIGKILL as soon as its step-2 checkpoint exists, while generation and step 3
-are in flight. Run B resumes from it and trains steps 3 to 6. Across the crash every prompt
-the data cursor has passed is accounted for exactly once: trained by A, trained by B, or still
-buffered or pending in B's final checkpoint, in the dataset's own order.
+Run A (`slime-async train`, CPU engine + Megatron CPU trainer, fully-async, 6 steps, a checkpoint
+every 2) is SIGKILLed, whole, as soon as its step-2 checkpoint exists, while generation and step
+3 are in flight. Run B resumes it with `--load`. After B's step-4 checkpoint its trainer rank is
+SIGKILLed: B restarts itself from that checkpoint (`--max-run-restarts`) and trains to step 6.
+Across both crashes every prompt the data cursor has passed is accounted for exactly once:
+trained, or still buffered or pending in the final checkpoint, in the dataset's own order.
 """
 
 import json
@@ -65,6 +66,29 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def is_trainer_rank(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return "actors.trainer.worker" in cmdline and "torch.distributed.run" not in cmdline
+
+
+def start_run(argv: list[str], log_path: Path, env: dict) -> subprocess.Popen:
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=log_path.parent, env=env,
+                                start_new_session=True)
+
+
+def wait_for_checkpoint(save: Path, step: int, run: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + 400
+    latest = save / "latest"
+    while not (latest.is_file() and latest.read_text() == f"step_{step:06d}"):
+        assert run.poll() is None, log_path.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"no step-{step} checkpoint in time"
+        time.sleep(0.1)
+
+
 def trained_groups(dump: Path, steps: range) -> list[list[dict]]:
     return [json.loads(line) for step in steps for line in (dump / f"step_{step:06d}.jsonl").read_text().splitlines()]
 
@@ -93,14 +117,8 @@ def crash_and_resume(tmp_path_factory):
     save = root / "save"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
 
-    with open(root / "run-a.log", "wb") as log:
-        crashed = subprocess.Popen(train_argv(root, model, data, "a"), stdout=log, stderr=subprocess.STDOUT,
-                                   cwd=root, env=env, start_new_session=True)
-    deadline = time.monotonic() + 400
-    while not (save / "latest").is_file():
-        assert crashed.poll() is None, (root / "run-a.log").read_text()[-4000:]
-        assert time.monotonic() < deadline, "run A wrote no checkpoint in time"
-        time.sleep(0.1)
+    crashed = start_run(train_argv(root, model, data, "a"), root / "run-a.log", env)
+    wait_for_checkpoint(save, SAVE_INTERVAL, crashed, root / "run-a.log")
     os.killpg(crashed.pid, signal.SIGKILL)
     crashed.wait()
     latest = (save / "latest").read_text()
@@ -108,12 +126,15 @@ def crash_and_resume(tmp_path_factory):
     while (left := processes_mentioning(str(root))) and time.monotonic() < deadline:
         time.sleep(0.5)
 
-    resumed = subprocess.run(train_argv(root, model, data, "b", "--load", str(save)),
-                             capture_output=True, text=True, timeout=600, cwd=root, env=env)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    resumed = start_run(train_argv(root, model, data, "b", "--load", str(save)), root / "run-b.log", env)
+    wait_for_checkpoint(save, 2 * SAVE_INTERVAL, resumed, root / "run-b.log")
+    ranks = [pid for pid in processes_mentioning(str(root / "b")) if is_trainer_rank(pid)]
+    assert ranks, "no trainer rank of run B found"
+    os.kill(ranks[0], signal.SIGKILL)
+    assert resumed.wait(timeout=600) == 0, (root / "run-b.log").read_text()[-4000:]
     metrics = [json.loads(line) for line in (root / "b" / "metrics.jsonl").read_text().splitlines()]
     return {"root": root, "order": order, "never_ends": never_ends, "save": save, "latest": latest, "left": left,
-            "metrics": [m for m in metrics if "train/version" in m]}
+            "log_b": (root / "run-b.log").read_text(), "metrics": [m for m in metrics if "train/version" in m]}
 
 
 def test_a_sigkilled_run_leaves_no_engine_or_trainer_behind(crash_and_resume):
@@ -122,48 +143,56 @@ def test_a_sigkilled_run_leaves_no_engine_or_trainer_behind(crash_and_resume):
 
 def test_the_resumed_run_continues_at_the_checkpointed_step_and_version(crash_and_resume):
     assert crash_and_resume["latest"] == f"step_{SAVE_INTERVAL:06d}"
-    steps = crash_and_resume["metrics"]
-    assert [m["step"] for m in steps] == list(range(SAVE_INTERVAL + 1, STEPS + 1))
-    assert [m["train/version"] for m in steps] == [float(v) for v in range(SAVE_INTERVAL + 1, STEPS + 1)]
+    first_attempt = [m for m in crash_and_resume["metrics"] if m["run/restarts"] == 0]
+    assert [m["step"] for m in first_attempt][:2] == [3, 4]
+    assert [m["train/version"] for m in first_attempt][:2] == [3.0, 4.0]
+
+
+def test_a_run_whose_trainer_rank_dies_restarts_itself_from_its_latest_checkpoint(crash_and_resume):
+    restarted = [m for m in crash_and_resume["metrics"] if m["run/restarts"] == 1]
+    assert [m["step"] for m in restarted] == [5, 6]
+    assert [m["train/version"] for m in restarted] == [5.0, 6.0]
+    assert "trainer rank 0" in crash_and_resume["log_b"]
+    assert "restart 1 of 3 from" in crash_and_resume["log_b"]
 
 
 def test_every_prompt_passed_by_the_cursor_is_trained_or_held_exactly_once(crash_and_resume):
     root, save = crash_and_resume["root"], crash_and_resume["save"]
+    # A step's dump is rewritten when a restart trains it again: each file is the surviving history.
     trained = [g[0]["prompt"] for g in trained_groups(root / "dump-a", range(1, SAVE_INTERVAL + 1))]
     trained += [g[0]["prompt"] for g in trained_groups(root / "dump-b", range(SAVE_INTERVAL + 1, STEPS + 1))]
     final = run_state(save, STEPS)
     buffered, pending = held_prompts(final)
     accounted = trained + buffered + pending
-    assert len(accounted) == len(set(accounted)), "a prompt was repeated across the crash"
+    assert len(accounted) == len(set(accounted)), "a prompt was repeated across the crashes"
     assert final["buffer"]["dropped_stale_groups"] == 0  # no staleness bound: nothing may be dropped
-
     cursor = final["rollout"]["dataset"]
     assert cursor["epoch"] == 0
     assert sorted(accounted) == sorted(crash_and_resume["order"][: cursor["position"]]), "a prompt was skipped"
 
 
-def test_a_group_in_flight_at_the_crash_is_generated_again_after_it(crash_and_resume):
-    never_ends = crash_and_resume["never_ends"]
-    assert held_prompts(run_state(crash_and_resume["save"], SAVE_INTERVAL))[1] == [never_ends]
-    assert held_prompts(run_state(crash_and_resume["save"], STEPS))[1] == [never_ends]
+@pytest.mark.parametrize("crash_step", [SAVE_INTERVAL, 2 * SAVE_INTERVAL])
+def test_a_group_in_flight_at_a_crash_is_generated_again_after_it(crash_and_resume, crash_step):
+    assert held_prompts(run_state(crash_and_resume["save"], crash_step))[1] == [crash_and_resume["never_ends"]]
 
 
-def test_groups_buffered_at_the_crash_are_trained_after_it_as_they_were_generated(crash_and_resume):
-    root = crash_and_resume["root"]
-    checkpointed = run_state(crash_and_resume["save"], SAVE_INTERVAL)["buffer"]["groups"]
-    trained_after = {g[0]["prompt"]: g for g in trained_groups(root / "dump-b", range(SAVE_INTERVAL + 1, STEPS + 1))}
+@pytest.mark.parametrize("crash_step", [SAVE_INTERVAL, 2 * SAVE_INTERVAL])
+def test_groups_buffered_at_a_crash_are_trained_after_it_as_they_were_generated(crash_and_resume, crash_step):
+    checkpointed = run_state(crash_and_resume["save"], crash_step)["buffer"]["groups"]
+    trained_after = {g[0]["prompt"]: g for g in trained_groups(crash_and_resume["root"] / "dump-b",
+                                                               range(crash_step + 1, STEPS + 1))}
     assert checkpointed, "nothing was buffered at the crash"
-    for group in checkpointed:  # at most --buffer-capacity 4 groups, and B trains 8: all of them
+    for group in checkpointed:  # at most --buffer-capacity 4 groups, and at least 4 are trained after
         kept = trained_after[group[0]["prompt"]]
         assert [s["tokens"] for s in kept] == [s["tokens"] for s in group]
         assert [s["token_versions"] for s in kept] == [s["token_versions"] for s in group]
 
 
-def test_the_engines_of_the_resumed_run_serve_the_checkpointed_weights(crash_and_resume):
-    root = crash_and_resume["root"]
-    checkpointed = {g[0]["prompt"] for g in run_state(crash_and_resume["save"], SAVE_INTERVAL)["buffer"]["groups"]}
-    generated_after = [s for g in trained_groups(root / "dump-b", range(SAVE_INTERVAL + 1, STEPS + 1))
+@pytest.mark.parametrize("crash_step", [SAVE_INTERVAL, 2 * SAVE_INTERVAL])
+def test_the_engines_after_a_crash_serve_the_checkpointed_weights(crash_and_resume, crash_step):
+    checkpointed = {g[0]["prompt"] for g in run_state(crash_and_resume["save"], crash_step)["buffer"]["groups"]}
+    generated_after = [s for g in trained_groups(crash_and_resume["root"] / "dump-b", range(crash_step + 1, STEPS + 1))
                        if g[0]["prompt"] not in checkpointed for s in g]
-    # A fresh engine serves the HF checkpoint as version 0; B must sync the resumed weights first.
+    # A fresh engine serves the HF checkpoint as version 0; the run must sync the checkpoint's weights first.
     assert generated_after
-    assert all(min(s["token_versions"]) >= SAVE_INTERVAL for s in generated_after)
+    assert all(min(s["token_versions"]) >= crash_step for s in generated_after)
