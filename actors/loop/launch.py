@@ -142,6 +142,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int = 0, progress: R
             sync = WeightSync(trainer, child("router"), config.train.update_weight_transport,
                               config.train.weight_update_mode, run_dir / "weights", api_key=config.engine.engine_api_key,
                               timeout=config.train.weight_update_timeout)
+            await sync.check_engines()
         start_step = start_version = 0
         if config.checkpoint.load:
             start_step, start_version = await checkpointer.load(config.checkpoint.load)

@@ -12,8 +12,10 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -40,6 +42,15 @@ class WeightSync:
     api_key: str | None = None
     timeout: float | None = 300.0
     keep_exports: int = 2
+
+    async def check_engines(self) -> None:
+        """Fail at start, not at the first sync, when the engines cannot take this transport."""
+        if self.transport == "disk":
+            return
+        urls = [engine["url"] for engine in await self.router.ask("engines")]
+        async with aiohttp.ClientSession() as session:
+            clients = [EngineClient(url, session=session, api_key=self.api_key) for url in urls]
+            broadcast_layout(urls, await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients)))
 
     async def __call__(self, version: int) -> float:
         """Bring every engine to ``version``; returns the seconds it took."""
@@ -68,9 +79,12 @@ class WeightSync:
         self._prune(version)
 
     async def _via_broadcast(self, clients: list[EngineClient], version: int) -> None:
-        spec = WeightGroupSpec(master_address="127.0.0.1", master_port=free_port(), world_size=1 + len(clients),
+        infos = await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients))
+        rank_offsets, world_size = broadcast_layout([c.url for c in clients], infos)
+        spec = WeightGroupSpec(master_address="127.0.0.1", master_port=free_port(), world_size=world_size,
                                group_name=f"weights-v{version}", backend="gloo" if not _cuda() else "nccl")
-        await update_engine_weights(self.trainer, clients, spec, weight_version=str(version), timeout=self.timeout)
+        await update_engine_weights(self.trainer, clients, spec, rank_offsets=rank_offsets,
+                                    weight_version=str(version), timeout=self.timeout)
         await asyncio.gather(*(c.flush_cache() for c in clients), return_exceptions=True)
 
     @staticmethod
@@ -92,6 +106,25 @@ class WeightSync:
                     shutil.rmtree(old, ignore_errors=True)
             except ValueError:
                 continue
+
+
+def broadcast_layout(urls: Sequence[str], server_infos: Sequence[Mapping[str, Any]]) -> tuple[list[int], int]:
+    """Each engine's rank offset in the weight-update group, and the group's world size.
+
+    Trainer rank 0 is group rank 0. SGLang puts TP worker k of an engine at ``rank_offset + k``
+    and ignores its DP and PP ranks, so an engine takes ``tp_size`` ranks and one with
+    ``dp_size`` or ``pp_size`` > 1 would put two workers on one rank: refused, naming it.
+    """
+    offsets, next_rank = [], 1
+    for url, info in zip(urls, server_infos, strict=True):
+        for field_name in ("dp_size", "pp_size"):
+            if int(info.get(field_name) or 1) > 1:
+                raise WeightSyncError(
+                    f"engine {url} runs with {field_name}={info[field_name]}: SGLang's distributed weight update "
+                    "gives its workers clashing ranks; use --update-weight-transport disk")
+        offsets.append(next_rank)
+        next_rank += int(info.get("tp_size") or 1)
+    return offsets, next_rank
 
 
 def _cuda() -> bool:

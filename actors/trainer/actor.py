@@ -326,21 +326,24 @@ async def update_engine_weights(
     spec: WeightGroupSpec,
     weight_version: str | None = None,
     timeout: float | None = None,
+    rank_offsets: Sequence[int] | None = None,
 ) -> int:
-    """Distributed weight update of ``engines`` (EngineClients, one rank each) from trainer rank 0.
+    """Distributed weight update of ``engines`` (EngineClients) from trainer rank 0.
 
+    ``rank_offsets``: each engine's first rank in the group (default one rank each: 1, 2, ...).
     Runs the trainer and engine halves of each step concurrently, as the collective needs:
     group init; then the broadcast while the buckets are POSTed one after another to every
     engine. The group is destroyed at the end. Returns the number of tensors sent.
     """
+    offsets = list(rank_offsets) if rank_offsets is not None else [i + 1 for i in range(len(engines))]
     buckets: list[list[TensorMeta]] = await trainer.ask("weight_metadata", timeout=timeout)
     await asyncio.gather(
         trainer.ask("init_weight_group", spec, timeout=timeout),
         *(
             engine.init_weights_update_group(
-                spec.master_address, spec.master_port, i + 1, spec.world_size, spec.group_name, spec.backend
+                spec.master_address, spec.master_port, offset, spec.world_size, spec.group_name, spec.backend
             )
-            for i, engine in enumerate(engines)
+            for engine, offset in zip(engines, offsets, strict=True)
         ),
     )
 

@@ -17,7 +17,7 @@ import pytest
 from slime_async.tiny_model import build_tiny_model
 
 # The second run below checks the distributed weight path: sync mode, weights broadcast from
-# trainer rank 0 to the engine over gloo after every step.
+# trainer rank 0 to two engines over gloo after every step.
 
 REWARD_MODULE = textwrap.dedent('''
     from actors.rollout.generate import default_generate
@@ -126,6 +126,7 @@ def sync_broadcast_run(tmp_path_factory):
         "--train-mode", "sync", "--update-weight-transport", "distributed",
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "3",
         "--rollout-max-response-len", "16", "--rm-type", "exact", "--engine-type", "cpu",
+        "--rollout-num-engines", "2",  # one weight-update group of three ranks: trainer, engine, engine
         "--micro-batch-size", "4", "--lr", "1e-3", "--no-progress-bar",
     ]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=root)
@@ -142,6 +143,9 @@ def test_sync_mode_trains_only_on_current_policy_tokens(sync_broadcast_run):
 def test_broadcast_weights_make_the_engine_serve_exactly_the_trainers_policy(sync_broadcast_run):
     steps = train_steps(sync_broadcast_run)
     # Steps 2 and 3 generate with weights broadcast after steps 1 and 2 (lr 1e-3 changes them):
-    # the engine's logprobs must equal the trainer's recompute, as they do before any update.
+    # both engines' logprobs must equal the trainer's recompute, as they do before any update.
     assert all(m["train/logprob_abs_diff"] < 1e-4 for m in steps)
+    assert all(m["router/engines_up"] == 2 for m in steps)
+    served = [v for k, v in steps[-1].items() if k.startswith("router/") and k.endswith("/requests") and k != "router/requests"]
+    assert len(served) == 2 and min(served) > 0  # both engines generated
     assert all(m["perf/weight_sync_time"] > 0 for m in steps)
