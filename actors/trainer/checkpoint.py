@@ -47,13 +47,17 @@ def _sharded_rng(state: dict[str, Any] | None) -> ShardedObject:
     return ShardedObject(_RNG_KEY, state, (world,), (rank,), replica_id=0)
 
 
-def _sharded_state(model: torch.nn.Module, optimizer: Any, rng: dict[str, Any] | None) -> dict[str, Any]:
+def _sharded_state(
+    model: torch.nn.Module, optimizer: Any, rng: dict[str, Any] | None, *, is_loading: bool = False
+) -> dict[str, Any]:
     # The bare GPTModel, not the DDP wrapper: DDP's sharded_state_dict keys carry a
     # "module." prefix that its load_state_dict (which delegates to the module) rejects.
     model_sd = model.sharded_state_dict()
     return {
         "model": model_sd,
-        "optimizer": optimizer.sharded_state_dict(model_sd),
+        # is_loading makes the optimizer create its (Adam moment) state first: a fresh optimizer
+        # has none, and a template without it loads the step count but silently not the moments.
+        "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading),
         _RNG_KEY: _sharded_rng(rng),
     }
 
@@ -79,7 +83,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any, sc
     path = Path(path)
     if not dist_checkpointing.check_is_distributed_checkpoint(str(path)):
         raise FileNotFoundError(f"{path} is not a Megatron distributed checkpoint (no metadata found)")
-    template = _sharded_state(model, optimizer, None)
+    template = _sharded_state(model, optimizer, None, is_loading=True)
     loaded = dist_checkpointing.load(template, str(path))
     model.load_state_dict(loaded["model"])
     optimizer.load_state_dict(loaded["optimizer"])

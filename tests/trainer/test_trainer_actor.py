@@ -147,14 +147,17 @@ async def _dp2_scenario(hf_dir: Path, work: Path) -> Run:
     return run
 
 
-async def _resumed_scenario(hf_dir: Path, work: Path, dp2: Run) -> Run:
+async def _resumed_scenario(hf_dir: Path, work: Path, dp2: Run, tp: int = 1) -> Run:
     run = Run()
-    config = trainer_config(hf_dir, procs=2, tp=1, use_reference=True)
+    config = trainer_config(hf_dir, procs=2, tp=tp, use_reference=True)
     async with running_trainer(config, work / "logs") as trainer:
         step = await trainer.ask("load", str(dp2.ckpt_dir), timeout=None)
         assert step == 3, f"checkpoint step {step}"
         batch = fixed_batch(old_logprobs=dp2.logprobs0, ref_logprobs=dp2.ref_logprobs)
         run.steps.append(await trainer.ask("train_step", batch, PPO_KL, timeout=None))
+        # This loss is computed on weights the previous step's Adam update made: it checks the
+        # optimizer state too, where the step before depends on the loaded weights alone.
+        run.sft_losses.append((await trainer.ask("train_step", fixed_batch(), SFT, timeout=None))["loss"])
     return run
 
 
@@ -174,6 +177,13 @@ def dp2_run(tiny_hf_dirs, tmp_path_factory) -> Run:
 def resumed_run(tiny_hf_dirs, tmp_path_factory, dp2_run) -> Run:
     env_threads()
     return asyncio.run(_resumed_scenario(tiny_hf_dirs["qwen2"], tmp_path_factory.mktemp("resumed"), dp2_run))
+
+
+@pytest.fixture(scope="session")
+def resumed_at_tp2_run(tiny_hf_dirs, tmp_path_factory, dp2_run) -> Run:
+    """dp2_run's checkpoint (TP=1, DP=2) loaded by a TP=2 trainer."""
+    env_threads()
+    return asyncio.run(_resumed_scenario(tiny_hf_dirs["qwen2"], tmp_path_factory.mktemp("resumed-tp2"), dp2_run, tp=2))
 
 
 def _max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
@@ -248,6 +258,16 @@ def test_save_new_process_load_gives_the_uninterrupted_next_step_bit_exactly(dp2
     assert resumed["loss"] == uninterrupted["loss"]
     assert resumed["grad_norm"] == uninterrupted["grad_norm"]
     assert resumed["lr"] == uninterrupted["lr"]
+    assert resumed_run.sft_losses[0] == dp2_run.sft_losses[0]
+
+
+def test_a_checkpoint_saved_at_tp1_resumes_at_tp2_with_model_optimizer_and_schedule(dp2_run, resumed_at_tp2_run):
+    # Resharded: the same next step up to TP's different reduction order.
+    uninterrupted, resumed = dp2_run.steps[3], resumed_at_tp2_run.steps[0]
+    assert resumed["loss"] == pytest.approx(uninterrupted["loss"], abs=1e-5)
+    assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=1e-5)
+    assert resumed["lr"] == uninterrupted["lr"]
+    assert resumed_at_tp2_run.sft_losses[0] == pytest.approx(dp2_run.sft_losses[0], abs=1e-5)
 
 
 def test_exported_hf_checkpoint_loads_in_transformers_and_matches_the_trainer(tp2_run):
