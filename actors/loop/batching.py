@@ -9,6 +9,7 @@ import torch
 from policies.advantages import compute_advantages
 from policies.loss_spec import LossSpec
 from policies.staleness import offpolicy_token_mask, staleness
+from slime_async.actor import ActorRef
 from slime_async.batch import Batch, batch_from_samples
 from slime_async.sample import Sample
 
@@ -59,6 +60,19 @@ def build_train_batch(
         temperature=temperature,
     )
     return batch, staleness_metrics(samples, train_version)
+
+
+def needs_reference(spec: LossSpec) -> bool:
+    """Whether the loss or the advantages use the frozen reference model's logprobs."""
+    return spec.use_kl_loss or spec.kl_coef > 0
+
+
+async def reference_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]], temperature: float) -> list[list[float]]:
+    """The reference model's logprob of every response token, in sample order."""
+    samples = [sample for group in groups for sample in group]
+    rows = await trainer.ask("compute_logprobs", batch_from_samples(samples, temperature=temperature), model="ref",
+                             timeout=None)
+    return [list(row.logprobs) for row in rows]
 
 
 def staleness_metrics(samples: Sequence[Sample], train_version: int) -> dict[str, float]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from actors.buffer import BufferActor
 from actors.engine.fleet import build_fleet
+from actors.loop.batching import needs_reference
 from actors.loop.checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
 from actors.loop.run import Handles, RunProgress, train_loop
 from actors.loop.replay import replay_loop
@@ -127,7 +128,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int = 0, progress: R
             max_staleness=None if config.train.debug_rollout_only else config.max_staleness))),
     ]
     if not config.train.debug_rollout_only:
-        specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, logs))))
+        specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), logs))))
     specs.append(ChildSpec("rollout", lambda: spawn(RolloutActor(
         r, router=child("router"), buffer=child("buffer"), dataset=dataset, tokenizer=tokenizer,
         request_timeout=config.engine.engine_request_timeout, vocab_size=_vocab_size(config)))))
@@ -164,6 +165,13 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int = 0, progress: R
 
 
 
+def _trainer_config(config: RunConfig):
+    """The trainer's section, with the frozen reference on when the loss or advantages need it."""
+    if needs_reference(config.algorithm) and not config.trainer.use_reference:
+        return replace(config.trainer, use_reference=True)
+    return config.trainer
+
+
 def _resume_step(config: RunConfig, restarts: int) -> int | None:
     """The first step this attempt logs when it repeats steps already logged in the run dir:
     TensorBoard hides the earlier attempt's points from there on."""
@@ -184,6 +192,6 @@ async def _trainer_only(config: RunConfig, run_dir: Path, total_steps: int, main
     """A tree of just the monitor and the trainer, running ``main(root)``."""
     root = Supervisor("slime-async-trainer", [
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps or None))),
-        ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, run_dir / "logs"))),
+        ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), run_dir / "logs"))),
     ], max_restarts=0, max_seconds=1)
     return await run_supervised(root, main)

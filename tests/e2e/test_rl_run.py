@@ -104,7 +104,9 @@ def test_debug_train_only_replays_the_dumped_rollouts_without_engines(run):
     run_dir = run["root"] / "replay"
     argv = [sys.executable, "-m", "slime_async.cli", "train", "--debug-train-only",
             "--load-debug-rollout-data", str(run["dump"]), "--hf-checkpoint", str(run["model"]),
-            "--run-dir", str(run_dir), "--micro-batch-size", "4", "--lr", "1e-4", "--use-tis", "--no-progress-bar"]
+            "--run-dir", str(run_dir), "--micro-batch-size", "4", "--lr", "1e-4", "--use-tis", "--no-progress-bar",
+            # REINFORCE++'s per-token KL reward penalty needs the reference model's logprobs.
+            "--advantage-estimator", "reinforce_plus_plus", "--kl-coef", "0.01"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=run["root"])
     assert result.returncode == 0, result.stderr[-4000:]
     assert not (run_dir / "logs" / "engine-0.log").exists()
@@ -127,6 +129,7 @@ def sync_broadcast_run(tmp_path_factory):
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "3",
         "--rollout-max-response-len", "16", "--rm-type", "exact", "--engine-type", "cpu",
         "--rollout-num-engines", "2",  # one weight-update group of three ranks: trainer, engine, engine
+        "--use-kl-loss", "--kl-loss-coef", "0.01",  # needs the reference model's logprobs every step
         "--micro-batch-size", "4", "--lr", "1e-3", "--no-progress-bar",
     ]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=root)
@@ -138,6 +141,13 @@ def test_sync_mode_trains_only_on_current_policy_tokens(sync_broadcast_run):
     steps = train_steps(sync_broadcast_run)
     assert [m["train/version"] for m in steps] == [1.0, 2.0, 3.0]
     assert all(m["rollout/staleness_max"] == 0 for m in steps)
+
+
+def test_the_kl_loss_is_computed_against_the_reference_model_every_step(sync_broadcast_run):
+    # Without reference logprobs the trainer refuses a KL loss, so the run could not have trained.
+    kl = [m["train/kl_loss"] for m in train_steps(sync_broadcast_run)]
+    assert len(kl) == 3 and all(value >= 0.0 for value in kl)
+    assert kl[0] == pytest.approx(0.0, abs=1e-9)  # step 1 trains the initial weights: policy = reference
 
 
 def test_broadcast_weights_make_the_engine_serve_exactly_the_trainers_policy(sync_broadcast_run):
