@@ -158,18 +158,24 @@ class RolloutActor(Actor):
         group_slots = asyncio.Semaphore(max(1, self.config.rollout_concurrency // n))
         while True:
             await self.buffer.ask("reserve", timeout=None)
+            await group_slots.acquire()
             prompt, attempts = self._next_prompt()
             while prompt is None and self._in_flight_prompts:
                 # Data is exhausted, but a group in flight may still fail and hand its prompt back.
                 await asyncio.sleep(0.2)
                 prompt, attempts = self._next_prompt()
             if prompt is None:
+                group_slots.release()
                 await self.buffer.ask("cancel_reservation")
                 self.exhausted = True
                 log.info("rollout: prompt data exhausted")
                 return
-            await group_slots.acquire()
-            task = self.spawn(self._run_group(prompt, attempts), name="rollout:group")
+            # In flight from the moment it leaves the cursor (no await in between), so a
+            # checkpoint taken at any point holds it.
+            group_index = self._next_group_index
+            self._next_group_index += 1
+            self._in_flight_prompts[group_index] = prompt
+            task = self.spawn(self._run_group(prompt, attempts, group_index), name="rollout:group")
             task.add_done_callback(lambda _: group_slots.release())
 
     def _next_prompt(self) -> tuple[Any, int]:
@@ -177,10 +183,7 @@ class RolloutActor(Actor):
             return self._retry.pop(0)
         return self.dataset.next_prompt(), 0
 
-    async def _run_group(self, prompt: Any, attempts: int) -> None:
-        group_index = self._next_group_index
-        self._next_group_index += 1
-        self._in_flight_prompts[group_index] = prompt
+    async def _run_group(self, prompt: Any, attempts: int, group_index: int) -> None:
         try:
             group = await self._generate_group(prompt, group_index)
         except Exception as error:  # noqa: BLE001 - engine errors are counted and survived
