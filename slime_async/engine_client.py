@@ -115,6 +115,11 @@ def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
     `output_ids` nor `meta_info.output_token_logprobs`.
     """
     meta = data.get("meta_info") or {}
+    finish_reason = meta.get("finish_reason")
+    if isinstance(finish_reason, dict):
+        finish_type = str(finish_reason.get("type", ""))
+    else:
+        finish_type = str(finish_reason or "")
     token_logprobs = meta.get("output_token_logprobs")
     if token_logprobs is not None:
         # Each entry is [logprob, token_id, token_text_or_null].
@@ -123,16 +128,15 @@ def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
     elif "output_ids" in data:
         output_ids = [int(t) for t in data["output_ids"]]
         logprobs = None
+    elif finish_type == "abort":
+        # SGLang answers a request aborted while still queued ("Abort before prefill") without
+        # either field: it produced nothing, which is a valid partial result to resume from.
+        output_ids, logprobs = [], []
     else:
         raise ValueError(
             "generate answer has neither output_ids nor meta_info.output_token_logprobs "
             f"(keys: {sorted(data)}, meta_info keys: {sorted(meta)})"
         )
-    finish_reason = meta.get("finish_reason")
-    if isinstance(finish_reason, dict):
-        finish_type = str(finish_reason.get("type", ""))
-    else:
-        finish_type = str(finish_reason or "")
     weight_version = meta.get("weight_version")
     return GenerateOutput(
         output_ids=output_ids,
@@ -177,6 +181,16 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         return min(self.max_delay, self.initial_delay * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+def new_engine_session() -> aiohttp.ClientSession:
+    """An HTTP session for talking to engines (one per client, or one shared by the router).
+
+    No pool limit: the engines' schedulers bound concurrency, a pool limit would queue requests
+    invisibly. Keep-alive 3 s: SGLang's uvicorn drops idle connections after 5 s, and reusing one
+    it just closed fails the request with ServerDisconnectedError (aiohttp keeps them 15 s).
+    """
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0))
 
 
 class EngineClient:
@@ -224,10 +238,7 @@ class EngineClient:
         if self._session is None or self._session.closed:
             if not self._owns_session:
                 raise RuntimeError(f"the shared aiohttp session of engine client {self.url} is closed")
-            # limit=0: the router bounds concurrency per engine, the pool should not.
-            # keepalive 3 s: SGLang's uvicorn drops idle connections after 5 s, and reusing one it just
-            # closed fails the request with ServerDisconnectedError (aiohttp keeps them 15 s).
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0))
+            self._session = new_engine_session()
         return self._session
 
     # ---- generation

@@ -501,3 +501,11 @@ def test_parse_generate_output_without_logprobs_uses_output_ids():
 def test_parse_generate_output_without_tokens_says_what_it_got():
     with pytest.raises(ValueError, match="neither output_ids nor"):
         parse_generate_output({"text": "hi", "meta_info": {}})
+
+
+def test_parse_generate_output_of_a_request_aborted_while_queued_is_empty_not_an_error():
+    # SGLang's answer to a request aborted before prefill carries neither field.
+    answer = {"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "Abort before prefill"},
+                                        "prompt_tokens": 3, "completion_tokens": 0}}
+    out = parse_generate_output(answer)
+    assert (out.output_ids, out.logprobs, out.finish_type) == ([], [], "abort")

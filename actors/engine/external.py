@@ -55,8 +55,8 @@ async def discover_external_engine(
         retry=RetryPolicy(attempts=2, initial_delay=0.5, max_delay=0.5),
     )
     try:
-        model_info = await client.get_model_info()
-        server_info = await client.get_server_info()
+        model_info = await client.get_model_info(timeout=timeout)
+        server_info = await client.get_server_info(timeout=timeout)
     except EngineHTTPError as error:
         if error.status in (401, 403):
             raise ExternalEngineError(

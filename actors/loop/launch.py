@@ -115,7 +115,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int = 0, progress: R
         ChildSpec("engines", lambda: spawn(Supervisor(
             "engines", fleet.children, max_restarts=config.cluster.supervisor_max_restarts,
             max_seconds=config.cluster.supervisor_max_seconds))),
-        ChildSpec("router", lambda: spawn(RouterActor(config.router, fleet.urls, api_key=config.engine.engine_api_key))),
+        ChildSpec("router", lambda: spawn(RouterActor(_router_config(config), fleet.urls,
+                                                      api_key=config.engine.engine_api_key))),
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps,
                                                         resume_step=_resume_step(config, restarts)))),
         # The staleness rule counts groups per *version*: a sync every N steps consumes N steps' groups.
@@ -131,7 +132,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int = 0, progress: R
         specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), logs))))
     specs.append(ChildSpec("rollout", lambda: spawn(RolloutActor(
         r, router=child("router"), buffer=child("buffer"), dataset=dataset, tokenizer=tokenizer,
-        request_timeout=config.engine.engine_request_timeout, vocab_size=_vocab_size(config)))))
+        vocab_size=_vocab_size(config)))))
     root = Supervisor("slime-async", specs, max_restarts=0, max_seconds=1)
 
     async def main(_root: Supervisor) -> int:
@@ -147,9 +148,9 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int = 0, progress: R
         start_step = start_version = 0
         if config.checkpoint.load:
             start_step, start_version = await checkpointer.load(config.checkpoint.load)
-        if sync is not None and (start_version > 0 or restarts):
-            # Owned engines start from the HF checkpoint, external ones serve whatever the failed
-            # attempt left them: give them the weights this attempt starts from.
+        if sync is not None and (start_version > 0 or restarts or config.engine.engine_type == "external"):
+            # Owned engines start from the HF checkpoint; external ones serve whatever they were
+            # given last (an earlier run, a failed attempt): give them the weights this run starts from.
             await sync(start_version)
         if config.checkpoint.load:
             await child("buffer").ask("set_version", start_version)
@@ -163,6 +164,13 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int = 0, progress: R
 
     return await run_supervised(root, main)
 
+
+
+def _router_config(config: RunConfig):
+    """The router's section; its per-call timeout defaults to --engine-request-timeout."""
+    if config.router.router_request_timeout is None:
+        return replace(config.router, router_request_timeout=config.engine.engine_request_timeout)
+    return config.router
 
 
 def _trainer_config(config: RunConfig):

@@ -55,7 +55,9 @@ class WeightSync:
     async def __call__(self, version: int) -> float:
         """Bring every engine to ``version``; returns the seconds it took."""
         started = time.monotonic()
-        await self.router.ask("pause", "abort" if self.mode == "abort" else "drain", timeout=self.timeout)
+        # A drain waits for the generations in flight, which the router's per-call timeout bounds.
+        await self.router.ask("pause", "abort" if self.mode == "abort" else "drain",
+                              timeout=self.timeout if self.mode == "abort" else None)
         urls = [engine["url"] for engine in await self.router.ask("engines") if engine["health"] != "down"]
         async with aiohttp.ClientSession() as session:
             clients = [EngineClient(url, session=session, api_key=self.api_key) for url in urls]

@@ -51,13 +51,12 @@ class RolloutActor(Actor):
     name = "rollout"
 
     def __init__(self, config: RolloutConfig, *, router: ActorRef, buffer: ActorRef, dataset: Any,
-                 tokenizer: Any, request_timeout: float | None = None, vocab_size: int | None = None,
-                 name: str | None = None):
+                 tokenizer: Any, vocab_size: int | None = None, name: str | None = None):
         super().__init__(name)
         self.config = config
         self.buffer = buffer
         self.dataset = dataset
-        self.ctx = GenerateContext(router, tokenizer, config, request_timeout, vocab_size)
+        self.ctx = GenerateContext(router, tokenizer, config, vocab_size)
         self.scorer = RewardScorer(config, self.ctx)
         self.generate_fn = default_generate
         if config.custom_generate_function_path:

@@ -40,7 +40,6 @@ class GenerateContext:
     router: ActorRef
     tokenizer: Any
     config: Any  # RolloutConfig
-    request_timeout: float | None = None
     vocab_size: int | None = None  # the model's (may exceed the tokenizer's, padded)
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
@@ -51,8 +50,10 @@ class GenerateContext:
         vocab = self.vocab_size
         if vocab is not None and input_ids and not 0 <= min(input_ids) <= max(input_ids) < vocab:
             raise GenerationFailed(f"input_ids hold a token id outside the vocabulary [0, {vocab})")
+        # No timeout here: a request waits in the router while weights sync, and the router
+        # bounds each engine call itself (--router-request-timeout / --engine-request-timeout).
         response = await self.router.ask("generate", input_ids, sampling_params, session_id=session_id,
-                                         timeout=self.request_timeout)
+                                         timeout=None)
         output = parse_generate_output(response)
         if output.logprobs is None:
             raise GenerationFailed(f"engine {response.get('engine_url')} returned no logprobs")

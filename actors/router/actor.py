@@ -41,6 +41,7 @@ from slime_async.engine_client import (
     EngineError,
     EngineHTTPError,
     RetryPolicy,
+    new_engine_session,
 )
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,7 @@ class RouterActor(Actor):
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def on_start(self) -> None:
-        # One connection pool for every engine; no pool limit because the engines' own
-        # schedulers bound concurrency, and a pool limit would queue requests invisibly.
-        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self._http = new_engine_session()  # one connection pool for every engine
         for url in self._initial_urls:
             self._add(url, Health.UP)
         self.spawn(self._health_loop(), name=f"{self.name}:health")

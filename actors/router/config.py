@@ -30,7 +30,7 @@ class RouterConfig:
     router_request_retries: int = field(default=2, metadata=_help(
         "times a request is re-sent to another engine after a connection error"))
     router_request_timeout: float | None = field(default=None, metadata=_help(
-        "seconds one /generate call may take (none = the engine client's default)"))
+        "seconds one /generate call to an engine may take (none = --engine-request-timeout)"))
     router_no_engine_timeout: float = field(default=120.0, metadata=_help(
         "seconds a request waits for a healthy engine when all are down before it fails "
         "(waiting during a weight-sync pause is not limited)"))
