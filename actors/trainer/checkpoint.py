@@ -19,6 +19,7 @@ from megatron.core import dist_checkpointing, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 _RNG_KEY = "rng_state"
+_WORLD_KEY = "world_size"
 
 
 def _rng_state() -> dict[str, Any]:
@@ -74,6 +75,7 @@ def save_checkpoint(
     # Plain values are "common" state: written once by rank 0.
     state["scheduler"] = scheduler.state_dict()
     state["extra"] = dict(extra)
+    state[_WORLD_KEY] = dist.get_world_size()
     dist_checkpointing.save(state, str(path))
     dist.barrier()
 
@@ -84,6 +86,11 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any, sc
     if not dist_checkpointing.check_is_distributed_checkpoint(str(path)):
         raise FileNotFoundError(f"{path} is not a Megatron distributed checkpoint (no metadata found)")
     template = _sharded_state(model, optimizer, None, is_loading=True)
+    saved_world = dist_checkpointing.load_common_state_dict(str(path)).get(_WORLD_KEY)
+    if saved_world is not None and saved_world != dist.get_world_size():
+        # One RNG state per saving rank: there is none to give a rank of another layout
+        # (asking for it would fail the load). The ranks keep their seeded RNG instead.
+        del template[_RNG_KEY]
     loaded = dist_checkpointing.load(template, str(path))
     model.load_state_dict(loaded["model"])
     optimizer.load_state_dict(loaded["optimizer"])

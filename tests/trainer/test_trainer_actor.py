@@ -147,9 +147,9 @@ async def _dp2_scenario(hf_dir: Path, work: Path) -> Run:
     return run
 
 
-async def _resumed_scenario(hf_dir: Path, work: Path, dp2: Run, tp: int = 1) -> Run:
+async def _resumed_scenario(hf_dir: Path, work: Path, dp2: Run, tp: int = 1, procs: int = 2) -> Run:
     run = Run()
-    config = trainer_config(hf_dir, procs=2, tp=tp, use_reference=True)
+    config = trainer_config(hf_dir, procs=procs, tp=tp, use_reference=True)
     async with running_trainer(config, work / "logs") as trainer:
         step = await trainer.ask("load", str(dp2.ckpt_dir), timeout=None)
         assert step == 3, f"checkpoint step {step}"
@@ -184,6 +184,13 @@ def resumed_at_tp2_run(tiny_hf_dirs, tmp_path_factory, dp2_run) -> Run:
     """dp2_run's checkpoint (TP=1, DP=2) loaded by a TP=2 trainer."""
     env_threads()
     return asyncio.run(_resumed_scenario(tiny_hf_dirs["qwen2"], tmp_path_factory.mktemp("resumed-tp2"), dp2_run, tp=2))
+
+
+@pytest.fixture(scope="session")
+def resumed_alone_run(tiny_hf_dirs, tmp_path_factory, dp2_run) -> Run:
+    """dp2_run's checkpoint (2 ranks) loaded by a trainer of one rank."""
+    env_threads()
+    return asyncio.run(_resumed_scenario(tiny_hf_dirs["qwen2"], tmp_path_factory.mktemp("resumed-1"), dp2_run, procs=1))
 
 
 def _max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
@@ -268,6 +275,14 @@ def test_a_checkpoint_saved_at_tp1_resumes_at_tp2_with_model_optimizer_and_sched
     assert resumed["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=1e-5)
     assert resumed["lr"] == uninterrupted["lr"]
     assert resumed_at_tp2_run.sft_losses[0] == pytest.approx(dp2_run.sft_losses[0], abs=1e-5)
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_one(dp2_run, resumed_alone_run):
+    # No RNG state for a layout that did not save one; model, optimizer and schedule reshard.
+    uninterrupted, resumed = dp2_run.steps[3], resumed_alone_run.steps[0]
+    assert resumed["loss"] == pytest.approx(uninterrupted["loss"], abs=1e-5)
+    assert resumed["lr"] == uninterrupted["lr"]
+    assert resumed_alone_run.sft_losses[0] == pytest.approx(dp2_run.sft_losses[0], abs=1e-5)
 
 
 def test_exported_hf_checkpoint_loads_in_transformers_and_matches_the_trainer(tp2_run):
