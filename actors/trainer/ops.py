@@ -33,6 +33,7 @@ from actors.trainer.model import build_gpt_model
 from actors.trainer.optimizer import (
     ScheduleConfig,
     build_optimizer,
+    has_grad_scaler,
     optimizer_config,
     split_megatron_overrides,
     wrap_ddp,
@@ -96,6 +97,10 @@ class TrainerOps:
         self.optimizer, self.scheduler = build_optimizer(
             self.ddp, optimizer_config(sections.optimizer, self.model_config), ScheduleConfig(**sections.schedule)
         )
+        if has_grad_scaler(self.optimizer):
+            # Megatron's schedule scales the loss only through this hook, while the optimizer
+            # unscales the grads regardless: without it fp16 grads come out 1/scale too small.
+            self.model_config.grad_scale_func = self.optimizer.scale_loss
         self.step = 0
         self.hf_vocab_size = hf_vocab_size_of(model)
         self.weights = WeightBroadcaster(model, int(config.weight_bucket_mb * 1024 * 1024))

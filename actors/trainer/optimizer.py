@@ -73,6 +73,30 @@ def split_megatron_overrides(megatron: dict[str, Any]) -> MegatronSections:
     return MegatronSections(**sections)
 
 
+def check_megatron_options(megatron: dict[str, Any]) -> None:
+    """Reject, at start, pass-through options megatron-core takes but this trainer would run wrongly."""
+    sections = split_megatron_overrides(megatron)  # unknown keys raise here
+    schedule = ScheduleConfig(**sections.schedule)
+    if schedule.lr_decay_style != "constant" and schedule.lr_decay_iters is None:
+        raise ValueError(
+            f"--lr-decay-style {schedule.lr_decay_style} needs --lr-decay-iters (the optimizer steps to decay "
+            "over): without it the LR would fall to --min-lr right after warmup")
+    if sections.transformer.get("pipeline_model_parallel_size", 1) > 1:
+        raise ValueError("--pipeline-model-parallel-size > 1 is not supported: micro-batches are padded to "
+                         "their own length, which pipeline stages cannot exchange, and HF export needs PP=1")
+    distributed = sections.optimizer.get("use_distributed_optimizer") or sections.ddp.get("use_distributed_optimizer")
+    if distributed and sections.ddp.get("overlap_param_gather"):
+        raise ValueError("--overlap-param-gather with --use-distributed-optimizer defers the parameter all-gather "
+                         "to the next forward, so a weight sync or export right after a step would read stale "
+                         "shards; drop --overlap-param-gather")
+
+
+def has_grad_scaler(optimizer: Any) -> bool:
+    """Whether the optimizer unscales gradients (fp16): then the loss must be scaled before backward."""
+    parts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    return any(getattr(part, "grad_scaler", None) is not None for part in parts)
+
+
 def optimizer_config(overrides: dict[str, Any], model_config: TransformerConfig) -> OptimizerConfig:
     """Adam by default; precision follows the model unless given explicitly."""
     fields: dict[str, Any] = dict(

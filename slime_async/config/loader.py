@@ -36,7 +36,7 @@ from slime_async.config.passthrough import (
     split_sglang_tokens,
 )
 
-MEGATRON_GROUPS = ("TransformerConfig", "OptimizerConfig", "DistributedDataParallelConfig")
+MEGATRON_GROUPS = ("TransformerConfig", "OptimizerConfig", "DistributedDataParallelConfig", "ScheduleConfig")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +81,9 @@ def build_parser(schema: Schema, prog: str, description: str = "") -> tuple[argp
         own = {f.field for f in flags}
         mflags = [f for f in megatron_flags() if f.field not in own]
         for group_name in MEGATRON_GROUPS:
-            group = parser.add_argument_group(f"megatron-core {group_name} (pass-through)")
+            title = ("LR schedule (Megatron-LM's flags)" if group_name == "ScheduleConfig"
+                     else f"megatron-core {group_name} (pass-through)")
+            group = parser.add_argument_group(title)
             add_flags(group, [f for f in mflags if f.help.startswith(f"[{group_name}]")])
         flags += mflags
     if schema.sglang_section is not None:

@@ -24,14 +24,17 @@ SGLANG_PREFIX = "--sglang-"
 
 @functools.cache
 def megatron_flags() -> tuple[FieldFlag, ...]:
-    """One flag per field of the three megatron-core configs (a name shared by two, such as
-    ``bf16``, is one flag that sets both)."""
+    """One flag per field of the three megatron-core configs and of the trainer's LR schedule (the
+    Megatron-LM flags `--lr-decay-style`, `--lr-warmup-iters`...); a name shared by two, such as
+    ``bf16``, is one flag that sets both."""
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer import TransformerConfig
 
+    from actors.trainer.optimizer import ScheduleConfig
+
     flags: dict[str, FieldFlag] = {}
-    for cls in (TransformerConfig, OptimizerConfig, DistributedDataParallelConfig):
+    for cls in (TransformerConfig, OptimizerConfig, DistributedDataParallelConfig, ScheduleConfig):
         for flag in dataclass_flags("megatron", cls):
             flags.setdefault(flag.field, dataclasses.replace(flag, help=f"[{cls.__name__}] {flag.help}".strip()))
     return tuple(flags.values())

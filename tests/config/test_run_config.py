@@ -113,6 +113,17 @@ def test_contradictory_combinations_fail_at_start():
         parse_run_config([*REQUIRED, "--max-run-restarts", "-1"])
 
 
+
+def test_megatron_options_this_trainer_would_run_wrongly_fail_at_start():
+    with pytest.raises(ConfigError, match=r"--lr-decay-style cosine needs --lr-decay-iters"):
+        parse_run_config([*REQUIRED, "--lr-decay-style", "cosine", "--lr-warmup-iters", "10"])
+    parse_run_config([*REQUIRED, "--lr-decay-style", "cosine", "--lr-decay-iters", "100"])  # fine with a length
+    with pytest.raises(ConfigError, match=r"--pipeline-model-parallel-size > 1 is not supported"):
+        parse_run_config([*REQUIRED, "--pipeline-model-parallel-size", "2"])
+    with pytest.raises(ConfigError, match=r"drop --overlap-param-gather"):
+        parse_run_config([*REQUIRED, "--use-distributed-optimizer", "--overlap-param-gather"])
+
+
 def test_missing_required_inputs_are_named():
     with pytest.raises(ConfigError, match=r"--prompt-data is required"):
         parse_run_config(["--hf-checkpoint", "m"])
