@@ -202,6 +202,77 @@ async def test_an_update_while_paused_in_place_applies_at_once_and_the_request_c
     assert out["output_ids"] != old_long["output_ids"]  # the tokens after the swap come from new weights
 
 
+async def test_kv_of_a_sequence_paused_across_a_flushing_swap_never_enters_the_cache(
+    start_engine, tiny_model_dir, http, other_weights_dir
+):
+    with start_engine(tiny_model_dir, "--prefix-cache-max-tokens", "4096") as url:  # room for the sequence
+        await _paused_sequence_finishing_after_a_swap(http, url, other_weights_dir)
+
+
+async def _paused_sequence_finishing_after_a_swap(http, url, other_weights_dir):
+    prompt = [70, 71, 72]
+    running = asyncio.create_task(post(http, url, "/generate", {"input_ids": prompt, "sampling_params": LONG}))
+    await wait_until_running(http, url)
+    await post(http, url, "/pause_generation", {"mode": "in_place"})
+    try:
+        status, body = await post(http, url, "/update_weights_from_disk", {"model_path": str(other_weights_dir)})
+        assert status == 200 and body["success"] is True, body
+    finally:
+        await post(http, url, "/continue_generation", {})
+    _, first = await running
+    # The next turn extends that sequence; its KV began under the old weights, so none is reused.
+    next_turn = prompt + first["output_ids"] + [5]
+    _, out = await post(http, url, "/generate", {"input_ids": next_turn, "sampling_params": GREEDY})
+    assert out["meta_info"]["cached_tokens"] == 0
+
+
+@pytest.fixture(scope="module")
+def nan_weights_dir(tmp_path_factory: pytest.TempPathFactory, other_weights_dir: Path) -> Path:
+    """Right names and shapes, every value NaN: what a trainer that diverged would send."""
+    return copy_with_tensors(other_weights_dir, tmp_path_factory.mktemp("nan") / "model",
+                             lambda t: {k: torch.full_like(v, float("nan")) for k, v in t.items()})
+
+
+SAMPLED = {"temperature": 1.0, "max_new_tokens": 600, "ignore_eos": True}
+
+
+async def load_weights(http: aiohttp.ClientSession, url: str, model_dir: Path) -> None:
+    status, body = await post(http, url, "/update_weights_from_disk", {"model_path": str(model_dir)})
+    assert status == 200 and body["success"] is True, body
+
+
+async def test_a_failing_prefill_answers_500_and_the_engine_serves_on(
+    weights_engine_url, http, nan_weights_dir, other_weights_dir
+):
+    url = weights_engine_url
+    await load_weights(http, url, nan_weights_dir)
+    async with asyncio.timeout(60):  # the bug this guards against is a request never answered
+        status, body = await post(http, url, "/generate", {"input_ids": PROMPT, "sampling_params": SAMPLED})
+    assert status == 500 and "engine step failed" in body["error"]["message"], body
+    # Nothing holds the update lock: good weights load and serve again.
+    await load_weights(http, url, other_weights_dir)
+    assert (await greedy(http, url))["output_ids"] == reference_greedy(other_weights_dir)
+
+
+async def test_a_failing_decode_answers_500_instead_of_ending_the_engine(
+    weights_engine_url, http, nan_weights_dir, other_weights_dir
+):
+    url = weights_engine_url
+    await flush_cache(http, url)
+    running = asyncio.create_task(post(http, url, "/generate", {"input_ids": PROMPT, "sampling_params": SAMPLED}))
+    await wait_until_running(http, url)
+    await post(http, url, "/pause_generation", {"mode": "in_place"})
+    try:
+        await load_weights(http, url, nan_weights_dir)  # the next decode step samples from NaN logits
+    finally:
+        await post(http, url, "/continue_generation", {})
+    async with asyncio.timeout(60):
+        status, body = await running
+    assert status == 500 and "engine step failed" in body["error"]["message"], body
+    await load_weights(http, url, other_weights_dir)
+    assert (await greedy(http, url))["output_ids"] == reference_greedy(other_weights_dir)
+
+
 @pytest.mark.parametrize(
     ("case", "message"),
     [

@@ -65,6 +65,23 @@ def _parse_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def filter_top_k_top_p(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Zero all but the ``top_k`` most likely tokens (exactly k, ties or not, as SGLang keeps), then
+    all but the smallest set whose mass reaches ``top_p``; the rest is not renormalised."""
+    if 0 < top_k < probs.numel():
+        keep = torch.zeros_like(probs, dtype=torch.bool)
+        keep[torch.topk(probs, top_k).indices] = True
+        probs = torch.where(keep, probs, torch.zeros_like(probs))
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=0) / sorted_probs.sum()
+        # Keep every token whose preceding mass is below top_p (the first always stays).
+        drop = (cumulative - sorted_probs / sorted_probs.sum()) > top_p
+        sorted_probs[drop] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return probs
+
+
 class ModelRunner:
     """Loads a causal LM on CPU and runs prefill / batched decode / sampling."""
 
@@ -174,17 +191,7 @@ class ModelRunner:
         return tokens, logprobs
 
     def _draw(self, log_probs: torch.Tensor, spec: SamplingSpec) -> int:
-        probs = log_probs.exp()
-        if 0 < spec.top_k < probs.numel():
-            kth = torch.topk(probs, spec.top_k).values[-1]
-            probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-        if spec.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            cumulative = torch.cumsum(sorted_probs, dim=0) / sorted_probs.sum()
-            # Keep every token whose preceding mass is below top_p (the first always stays).
-            drop = (cumulative - sorted_probs / sorted_probs.sum()) > spec.top_p
-            sorted_probs[drop] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        probs = filter_top_k_top_p(log_probs.exp(), spec.top_k, spec.top_p)
         generator = spec.generator or self.generator
         return int(torch.multinomial(probs, 1, generator=generator))
 

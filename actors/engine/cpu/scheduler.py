@@ -70,6 +70,7 @@ class Request:
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
     kv: SequenceKV | None = None  # covers input_ids + output_ids[:-1]
+    kv_epoch: int = 0  # the weights (see Scheduler._weights_epoch) that computed the start of `kv`
     created_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     generator: torch.Generator | None = None
@@ -132,6 +133,7 @@ class Scheduler:
         self.runner = runner
         self.config = config
         self.prefix_cache = PrefixCache(config.prefix_cache_max_tokens)
+        self._weights_epoch = 0  # bumped by a swap that flushes the cache
         self.stats = SchedulerStats()
         self.throughput = ThroughputWindow()
         self.paused = False
@@ -206,6 +208,9 @@ class Scheduler:
         """Apply validated weights between two steps, so no forward mixes old and new."""
         self.runner.apply_weights(staged)
         if flush_cache:
+            # Also keeps out the KV of sequences paused in place across the swap when they
+            # finish: a flushed cache holds nothing the old weights computed.
+            self._weights_epoch += 1
             self.prefix_cache.clear()
 
     def loads(self) -> dict[str, Any]:
@@ -257,6 +262,7 @@ class Scheduler:
                 except Exception as exc:  # a failed forward fails its batch, not the engine
                     logger.exception("engine step failed")
                     for request in [*self._running]:
+                        request.kv = None  # it may cover a token the ids lack: keep it out of the cache
                         self._finish(request, _abort_reason(f"engine step failed: {exc}", 500))
         for request in [*self._running, *self._waiting, *self._incoming]:
             self._finish(request, _abort_reason("engine shutting down", 503))
@@ -283,7 +289,13 @@ class Scheduler:
             self._waiting.popleft()
             if self._finished_before_start(request):
                 continue
-            self._prefill(request)
+            try:
+                self._prefill(request)
+            except Exception as exc:  # in neither list yet: without this it would never be answered
+                logger.exception("prefill of request %s failed", request.rid)
+                request.kv = None
+                self._finish(request, _abort_reason(f"engine step failed: {exc}", 500))
+                continue
             if request.finish_reason is None:
                 self._running.append(request)
                 reserved += need
@@ -302,6 +314,7 @@ class Scheduler:
             self.stats.cache_hit_tokens += cached
             self.stats.prompt_tokens += len(tokens)
         logits, kv = self.runner.prefill(tokens, prefix)
+        request.kv_epoch = self._weights_epoch
         self.stats.num_prefills += 1
         if not request.output_ids:
             self.prefix_cache.insert(tokens, kv)  # the prompt, for the other samples of a group
@@ -359,9 +372,9 @@ class Scheduler:
 
     def _release_kv(self, request: Request) -> None:
         """Hand a leaving sequence's KV to the prefix cache (it covers all_ids[:-1])."""
-        if request.kv is not None:
+        if request.kv is not None and request.kv_epoch == self._weights_epoch:
             self.prefix_cache.insert(request.all_ids[:-1], request.kv)
-            request.kv = None
+        request.kv = None
 
 
 def _abort_reason(message: str, status_code: int) -> dict[str, Any]:

@@ -133,6 +133,9 @@ class EngineServer:
             rids = [item.rid for item in items]
             self.scheduler.call(lambda: [self.scheduler.abort(rid) for rid in rids])
             raise
+        failed = next((req for req in finished if (req.finish_reason or {}).get("status_code") == 500), None)
+        if failed is not None:  # an engine failure, not an abort to resume from
+            return _error(failed.finish_reason["message"], status=500)
         outputs = [generate_output(req, self.weight_version, started, self.tokenizer) for req in finished]
         return _json(outputs if is_batch else outputs[0])
 
