@@ -112,7 +112,7 @@ def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
     """Turn one `/generate` answer into a `GenerateOutput`.
 
     Raises ValueError (with the keys that were present) when the answer has neither
-    `output_ids` nor `meta_info.output_token_logprobs`.
+    `output_ids` nor `meta_info.output_token_logprobs`, unless it is an abort (then: no tokens).
     """
     meta = data.get("meta_info") or {}
     finish_reason = meta.get("finish_reason")
