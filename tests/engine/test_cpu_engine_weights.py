@@ -181,23 +181,36 @@ async def test_an_update_waits_for_running_requests_so_no_response_mixes_version
     assert served in [(old_version, old_short), ("v-new", reference_greedy(other_weights_dir))]
 
 
+async def load_weights(http: aiohttp.ClientSession, url: str, model_dir: Path) -> None:
+    status, body = await post(http, url, "/update_weights_from_disk", {"model_path": str(model_dir)})
+    assert status == 200 and body["success"] is True, body
+
+
+async def swap_under_a_running_request(
+    http: aiohttp.ClientSession, url: str, request: dict, model_dir: Path
+) -> tuple[int, Any]:
+    """Start `request`, pause it in place once it runs, load `model_dir`, continue; its answer."""
+    running = asyncio.create_task(post(http, url, "/generate", request))
+    await wait_until_running(http, url)
+    await post(http, url, "/pause_generation", {"mode": "in_place"})
+    try:
+        await load_weights(http, url, model_dir)
+        assert not running.done() and await running_requests(http, url) == 1  # held, not answered
+    finally:
+        async with http.post(url + "/continue_generation", json={}) as resp:
+            assert resp.status == 200
+    async with asyncio.timeout(60):  # a request never answered is a failure, not a hang
+        return await running
+
+
 async def test_an_update_while_paused_in_place_applies_at_once_and_the_request_continues_on_it(
     weights_engine_url, http, other_weights_dir
 ):
     url, prompt = weights_engine_url, [63, 64, 65]
     old_long = (await post(http, url, "/generate", {"input_ids": prompt, "sampling_params": LONG}))[1]
     await flush_cache(http, url)
-    running = asyncio.create_task(post(http, url, "/generate", {"input_ids": prompt, "sampling_params": LONG}))
-    await wait_until_running(http, url)
-    await post(http, url, "/pause_generation", {"mode": "in_place"})
-    try:
-        status, body = await post(http, url, "/update_weights_from_disk", {"model_path": str(other_weights_dir)})
-        assert status == 200 and body["success"] is True, body
-        assert not running.done() and await running_requests(http, url) == 1
-    finally:
-        async with http.post(url + "/continue_generation", json={}) as resp:
-            assert resp.status == 200
-    _, out = await running
+    _, out = await swap_under_a_running_request(
+        http, url, {"input_ids": prompt, "sampling_params": LONG}, other_weights_dir)
     assert len(out["output_ids"]) == LONG["max_new_tokens"]
     assert out["output_ids"] != old_long["output_ids"]  # the tokens after the swap come from new weights
 
@@ -205,24 +218,13 @@ async def test_an_update_while_paused_in_place_applies_at_once_and_the_request_c
 async def test_kv_of_a_sequence_paused_across_a_flushing_swap_never_enters_the_cache(
     start_engine, tiny_model_dir, http, other_weights_dir
 ):
-    with start_engine(tiny_model_dir, "--prefix-cache-max-tokens", "4096") as url:  # room for the sequence
-        await _paused_sequence_finishing_after_a_swap(http, url, other_weights_dir)
-
-
-async def _paused_sequence_finishing_after_a_swap(http, url, other_weights_dir):
     prompt = [70, 71, 72]
-    running = asyncio.create_task(post(http, url, "/generate", {"input_ids": prompt, "sampling_params": LONG}))
-    await wait_until_running(http, url)
-    await post(http, url, "/pause_generation", {"mode": "in_place"})
-    try:
-        status, body = await post(http, url, "/update_weights_from_disk", {"model_path": str(other_weights_dir)})
-        assert status == 200 and body["success"] is True, body
-    finally:
-        await post(http, url, "/continue_generation", {})
-    _, first = await running
-    # The next turn extends that sequence; its KV began under the old weights, so none is reused.
-    next_turn = prompt + first["output_ids"] + [5]
-    _, out = await post(http, url, "/generate", {"input_ids": next_turn, "sampling_params": GREEDY})
+    with start_engine(tiny_model_dir, "--prefix-cache-max-tokens", "4096") as url:  # room for the sequence
+        _, first = await swap_under_a_running_request(
+            http, url, {"input_ids": prompt, "sampling_params": LONG}, other_weights_dir)
+        # The next turn extends that sequence; its KV began under the old weights, so none is reused.
+        next_turn = prompt + first["output_ids"] + [5]
+        _, out = await post(http, url, "/generate", {"input_ids": next_turn, "sampling_params": GREEDY})
     assert out["meta_info"]["cached_tokens"] == 0
 
 
@@ -234,11 +236,6 @@ def nan_weights_dir(tmp_path_factory: pytest.TempPathFactory, other_weights_dir:
 
 
 SAMPLED = {"temperature": 1.0, "max_new_tokens": 600, "ignore_eos": True}
-
-
-async def load_weights(http: aiohttp.ClientSession, url: str, model_dir: Path) -> None:
-    status, body = await post(http, url, "/update_weights_from_disk", {"model_path": str(model_dir)})
-    assert status == 200 and body["success"] is True, body
 
 
 async def test_a_failing_prefill_answers_500_and_the_engine_serves_on(
@@ -259,15 +256,9 @@ async def test_a_failing_decode_answers_500_instead_of_ending_the_engine(
 ):
     url = weights_engine_url
     await flush_cache(http, url)
-    running = asyncio.create_task(post(http, url, "/generate", {"input_ids": PROMPT, "sampling_params": SAMPLED}))
-    await wait_until_running(http, url)
-    await post(http, url, "/pause_generation", {"mode": "in_place"})
-    try:
-        await load_weights(http, url, nan_weights_dir)  # the next decode step samples from NaN logits
-    finally:
-        await post(http, url, "/continue_generation", {})
-    async with asyncio.timeout(60):
-        status, body = await running
+    # The next decode step after the swap samples from NaN logits.
+    status, body = await swap_under_a_running_request(
+        http, url, {"input_ids": PROMPT, "sampling_params": SAMPLED}, nan_weights_dir)
     assert status == 500 and "engine step failed" in body["error"]["message"], body
     await load_weights(http, url, other_weights_dir)
     assert (await greedy(http, url))["output_ids"] == reference_greedy(other_weights_dir)
