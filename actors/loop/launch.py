@@ -87,7 +87,7 @@ def _dataset(config: RunConfig, path: str, tokenizer, *, shuffle: bool, num_epoc
                          shuffle=shuffle, seed=r.rollout_seed, num_epoch=num_epoch)
 
 
-async def _main(config: RunConfig, run_dir: Path, restarts: int = 0, progress: RunProgress | None = None) -> int:
+async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunProgress) -> int:
     import torch
 
     if config.train.debug_train_only:
@@ -157,7 +157,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int = 0, progress: R
         handles = Handles(rollout=child("rollout"), buffer=child("buffer"), trainer=trainer, router=child("router"),
                           monitor=child("monitor"), weight_sync=sync, checkpointer=checkpointer,
                           eval_dataset=eval_dataset, total_steps=total_steps, start_step=start_step,
-                          start_version=start_version, restarts=restarts, progress=progress or RunProgress())
+                          start_version=start_version, restarts=restarts, progress=progress)
         code = await train_loop(config, handles)
         print(f"run finished: {run_dir}", file=sys.stderr)
         return code

@@ -49,8 +49,7 @@ class WeightSync:
             return
         urls = [engine["url"] for engine in await self.router.ask("engines")]
         async with aiohttp.ClientSession() as session:
-            clients = [EngineClient(url, session=session, api_key=self.api_key) for url in urls]
-            broadcast_layout(urls, await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients)))
+            await self._layout([EngineClient(url, session=session, api_key=self.api_key) for url in urls])
 
     async def __call__(self, version: int) -> float:
         """Bring every engine to ``version``; returns the seconds it took."""
@@ -81,13 +80,16 @@ class WeightSync:
         self._prune(version)
 
     async def _via_broadcast(self, clients: list[EngineClient], version: int) -> None:
-        infos = await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients))
-        rank_offsets, world_size = broadcast_layout([c.url for c in clients], infos)
+        rank_offsets, world_size = await self._layout(clients)
         spec = WeightGroupSpec(master_address="127.0.0.1", master_port=free_port(), world_size=world_size,
                                group_name=f"weights-v{version}", backend="gloo" if not _cuda() else "nccl")
         await update_engine_weights(self.trainer, clients, spec, rank_offsets=rank_offsets,
                                     weight_version=str(version), timeout=self.timeout)
         await asyncio.gather(*(c.flush_cache() for c in clients), return_exceptions=True)
+
+    async def _layout(self, clients: list[EngineClient]) -> tuple[list[int], int]:
+        infos = await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients))
+        return broadcast_layout([c.url for c in clients], infos)
 
     @staticmethod
     def _check(clients: list[EngineClient], results: list[object]) -> None:
