@@ -11,6 +11,10 @@ Weight layouts (h = hidden, d = head_dim, g = query groups, q = heads per group,
   divides TP and the pad rows are zero on load and dropped on export.
 - ``linear_proj`` and ``linear_fc2`` are row-parallel: columns split over TP.
 
+RoPE: rope_type default, linear and llama3 (Llama 3.1 / 3.2); the inverse frequencies are
+computed as transformers computes them (``rope_inv_freq``). Config fields that would change the
+numerics and are not mapped are refused by name (``_check_supported``).
+
 Loading reads only the safetensors of the HF directory (each rank slices its own shard, no
 communication). Export gathers across the TP group; every TP rank must take part.
 ``mbridge`` (PyPI) was not used: it targets Transformer Engine layer specs.
@@ -19,6 +23,7 @@ communication). Export gathers across the TP group; every TP rank must take part
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from collections.abc import Iterator
@@ -36,6 +41,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+# Llama 3.1 / 3.2 use llama3; Qwen2.5 / Qwen3 the default (their yarn long-context option is not mapped).
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 # Files that are weights (not copied with the config / tokenizer when exporting).
 _WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -57,6 +64,11 @@ def load_hf_config(hf_dir_or_config: Any) -> Any:
 
 
 def _check_supported(hf_config: Any) -> None:
+    # Every field that changes the HF model's numerics is either mapped below or refused here.
+    # Accepted without mapping because the model's forward does not read them: pretraining_tp
+    # (transformers 5 ignores it; older versions only split the same matmuls), bos / eos / pad
+    # token ids, torch_dtype / dtype (the trainer's precision comes from its own flags),
+    # sliding_window / max_window_layers while no layer slides, use_cache.
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
@@ -67,22 +79,81 @@ def _check_supported(hf_config: Any) -> None:
         raise ValueError(f"only hidden_act='silu' is supported, config has {hf_config.hidden_act!r}")
     if getattr(hf_config, "mlp_bias", False):
         raise ValueError("HF config has mlp_bias=True, which the bridge does not map")
+    # Llama and Qwen3 put the bias on o_proj as well; the local layer spec can only give
+    # linear_proj a bias together with the MLP (add_bias_linear), so it would be dropped.
+    if model_type != "qwen2" and getattr(hf_config, "attention_bias", False):
+        raise ValueError("HF config has attention_bias=True (q/k/v/o_proj biases), which the bridge does not map")
     if getattr(hf_config, "use_sliding_window", False):
         raise ValueError("HF config has use_sliding_window=True, which the bridge does not map")
-    rope_type = _rope_parameters(hf_config).get("rope_type", "default")
-    if rope_type not in ("default", None):
-        raise ValueError(f"rope_type {rope_type!r} (rope scaling) is not supported by the bridge")
+    # transformers 5 decides per layer: Qwen2 / Qwen3 derive layer_types from
+    # use_sliding_window and max_window_layers, so real configs give only full_attention.
+    other_layers = sorted(set(getattr(hf_config, "layer_types", None) or ()) - {"full_attention"})
+    if other_layers:
+        raise ValueError(f"HF config has layer_types {other_layers}; the bridge maps only full_attention layers")
+    rope = _rope_parameters(hf_config)
+    if rope["rope_type"] not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope_type {rope['rope_type']!r} is not supported by the bridge "
+            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    if (rope.get("partial_rotary_factor") or 1.0) != 1.0:
+        raise ValueError(
+            f"HF config has partial_rotary_factor={rope['partial_rotary_factor']}, which the bridge does not map"
+        )
 
 
 def _rope_parameters(hf_config: Any) -> dict[str, Any]:
-    # transformers >= 5 keeps RoPE settings in ``rope_parameters``; older ones in rope_theta.
-    params = getattr(hf_config, "rope_parameters", None) or {}
-    if "rope_theta" not in params and getattr(hf_config, "rope_theta", None) is not None:
-        params = {**params, "rope_theta": hf_config.rope_theta}
-    scaling = getattr(hf_config, "rope_scaling", None)
-    if scaling and "rope_type" not in params:
-        params = {**params, "rope_type": scaling.get("rope_type", scaling.get("type"))}
+    """RoPE settings with ``rope_type`` and ``rope_theta`` always present.
+
+    transformers >= 5 keeps them all in ``rope_parameters`` (nested per layer type when
+    layer_types differ); older versions in ``rope_theta`` and ``rope_scaling`` (with the
+    legacy key ``type``), which is also how hub config.json files spell them.
+    """
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if isinstance(params.get("full_attention"), dict):
+        params = dict(params["full_attention"])
+    params = {**(getattr(hf_config, "rope_scaling", None) or {}), **params}
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    if params.get("rope_theta") is None:
+        params["rope_theta"] = getattr(hf_config, "rope_theta", None) or 10000.0
     return params
+
+
+def rope_inv_freq(hf_config: Any) -> Tensor:
+    """RoPE inverse frequencies (float32, head_dim / 2) exactly as transformers computes them.
+
+    Megatron's RotaryEmbedding does linear scaling on the positions (equal up to rounding) and
+    llama3 scaling only with Llama 3.1's constants hard-coded (low / high freq factor 1 / 4,
+    original length 8192), so ``build_gpt_model`` replaces its frequencies with these.
+    """
+    hf_config = load_hf_config(hf_config)
+    _check_supported(hf_config)
+    rope = _rope_parameters(hf_config)
+    dim = hf_head_dim(hf_config)
+    # transformers' expression (int64 arange cast to float32), so results are bit-identical.
+    inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if rope["rope_type"] == "linear":
+        return inv_freq / rope["factor"]
+    if rope["rope_type"] == "llama3":
+        # transformers fills in max_position_embeddings when the config omits the original length.
+        original = rope.get("original_max_position_embeddings") or hf_config.max_position_embeddings
+        return _llama3_scaled(inv_freq, rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"], original)
+    return inv_freq
+
+
+def _llama3_scaled(
+    inv_freq: Tensor, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_positions: int
+) -> Tensor:
+    # Llama 3.1's band-wise scaling, in transformers' operation order: wavelengths shorter than
+    # original / high_freq_factor are kept, longer than original / low_freq_factor divided by
+    # factor, and those between interpolated linearly in original / wavelength.
+    low_freq_wavelen = original_max_positions / low_freq_factor
+    high_freq_wavelen = original_max_positions / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_positions / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
 
 def hf_head_dim(hf_config: Any) -> int:
@@ -91,8 +162,8 @@ def hf_head_dim(hf_config: Any) -> int:
 
 
 def hf_qkv_bias(hf_config: Any) -> bool:
-    """Qwen2 always has q/k/v biases; Llama and Qwen3 only with ``attention_bias``."""
-    return hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False))
+    """Qwen2 always has q/k/v biases (and none on o_proj); Llama / Qwen3 biases are refused."""
+    return hf_config.model_type == "qwen2"
 
 
 def transformer_config_from_hf(hf_config: Any, **overrides: Any) -> TransformerConfig:
@@ -173,7 +244,7 @@ def gpt_model_args_from_hf(hf_config: Any, tensor_parallel_size: int) -> GPTMode
         vocab_size=padded_vocab_size(hf_config.vocab_size, tensor_parallel_size),
         hf_vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
-        rotary_base=float(_rope_parameters(hf_config).get("rope_theta", 10000.0)),
+        rotary_base=float(_rope_parameters(hf_config)["rope_theta"]),
         share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
     )
 

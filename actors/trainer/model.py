@@ -14,6 +14,7 @@ from actors.trainer.bridge import (
     gpt_model_args_from_hf,
     load_hf_config,
     load_hf_weights,
+    rope_inv_freq,
     transformer_config_from_hf,
 )
 from actors.trainer.cpu_compat import apply_cpu_compat
@@ -56,6 +57,11 @@ def build_gpt_model(
         rotary_base=args.rotary_base,
     )
     model.hf_vocab_size = args.hf_vocab_size
+    # GPTModel's own RoPE arguments cover llama3 scaling only with Llama 3.1's constants, so the
+    # frequencies come from the HF config (see rope_inv_freq). Set before the first forward:
+    # RotaryEmbedding caches its output per sequence length.
+    rope = model.rotary_pos_emb
+    rope.inv_freq = rope_inv_freq(hf_config).to(rope.inv_freq.device)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     if load_weights:
