@@ -20,10 +20,12 @@ def test_qwen3_maps_head_dim_gqa_qk_norm_and_no_qkv_bias():
     assert config.ffn_hidden_size == 96
 
 
-def test_qwen2_has_qkv_bias_and_llama_only_with_attention_bias():
+def test_qwen2_has_qkv_bias_and_llama_attention_bias_is_refused():
     assert transformer_config_from_hf(Qwen2Config(**SMALL)).add_qkv_bias
     assert not transformer_config_from_hf(LlamaConfig(**SMALL)).add_qkv_bias
-    assert transformer_config_from_hf(LlamaConfig(attention_bias=True, **SMALL)).add_qkv_bias
+    # Llama's attention_bias also biases o_proj, which the local spec cannot map alone.
+    with pytest.raises(ValueError, match="attention_bias=True"):
+        transformer_config_from_hf(LlamaConfig(attention_bias=True, **SMALL))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU defaults")
@@ -58,9 +60,8 @@ def test_unsupported_model_type_is_rejected_by_name():
         transformer_config_from_hf(GPT2Config())
 
 
-def test_rope_scaling_is_rejected_rather_than_silently_ignored():
-    hf = LlamaConfig(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
-                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+def test_unsupported_rope_scaling_is_rejected_rather_than_silently_ignored():
+    hf = LlamaConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0,
                                       "original_max_position_embeddings": 8192}, **SMALL)
-    with pytest.raises(ValueError, match="rope_type 'llama3'"):
+    with pytest.raises(ValueError, match="rope_type 'yarn'"):
         transformer_config_from_hf(hf)
