@@ -1,0 +1,1 @@
+"""``slime.rollout.filter_hub`` (see slime_async.compat.slime)."""
