@@ -43,7 +43,8 @@ class LossSpec:
         loss_agg: how per-token losses become one number (see `policies.losses.aggregate`).
 
     Regularisers
-        use_kl_loss / kl_loss_coef / kl_loss_type: KL(π_θ || π_ref) penalty added to the loss.
+        use_kl_loss / kl_loss_coef / kl_loss_type: KL(π_θ || π_ref) penalty added to the loss
+            (with kl_loss_coef 0 it is only measured and logged).
         entropy_coef: weight of the entropy bonus (subtracted from the loss).
 
     Train-inference mismatch (μ = rollout engine, π_old = trainer recompute)
@@ -117,8 +118,9 @@ class LossSpec:
             )
         if self.kl_loss_coef < 0:
             raise ValueError(f"kl_loss_coef must be >= 0, got {self.kl_loss_coef}")
-        if self.use_kl_loss and self.kl_loss_coef == 0:
-            raise ValueError("use_kl_loss is set but kl_loss_coef is 0; set kl_loss_coef > 0")
+        # use_kl_loss with kl_loss_coef 0 is allowed, as in slime (its recipes pass
+        # --use-kl-loss --kl-loss-coef 0.0): the KL to the reference is computed and logged
+        # (train/kl_loss) but adds nothing to the loss.
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.entropy_coef < 0:

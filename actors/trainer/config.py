@@ -80,9 +80,11 @@ class TrainerConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.actor_num_nodes != 1:
             raise ValueError("--actor-num-nodes > 1 is not supported yet (single-host torchrun)")
+        from actors.trainer.model_flags import check_model_flags
         from actors.trainer.optimizer import check_megatron_options  # megatron-core: imported when needed
 
         check_megatron_options(self.megatron)
+        check_model_flags(self.megatron, self.hf_checkpoint)
         return self
 
     def num_ranks(self, cuda: bool) -> int:

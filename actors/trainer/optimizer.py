@@ -19,6 +19,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from actors.trainer import cpu_compat
+from actors.trainer.model_flags import MODEL_FLAG_NAMES
 
 
 @dataclass
@@ -42,6 +43,7 @@ class MegatronSections:
     optimizer: dict[str, Any]
     ddp: dict[str, Any]
     schedule: dict[str, Any]
+    model: dict[str, Any]  # Megatron-LM model flags: checked against the HF config at start, then unused
 
 
 _DTYPE_NAMES = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16}
@@ -54,6 +56,7 @@ def split_megatron_overrides(megatron: dict[str, Any]) -> MegatronSections:
         "optimizer": {f.name for f in dataclasses.fields(OptimizerConfig)},
         "ddp": {f.name for f in dataclasses.fields(DistributedDataParallelConfig)},
         "schedule": {f.name for f in dataclasses.fields(ScheduleConfig)},
+        "model": set(MODEL_FLAG_NAMES),
     }
     sections: dict[str, dict[str, Any]] = {name: {} for name in targets}
     unknown = []
@@ -68,7 +71,7 @@ def split_megatron_overrides(megatron: dict[str, Any]) -> MegatronSections:
     if unknown:
         raise ValueError(
             f"unknown Megatron option(s) {sorted(unknown)}: not a field of TransformerConfig, "
-            "OptimizerConfig, DistributedDataParallelConfig or the LR schedule"
+            "OptimizerConfig, DistributedDataParallelConfig, the LR schedule or Megatron-LM's model flags"
         )
     return MegatronSections(**sections)
 

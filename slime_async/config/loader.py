@@ -36,7 +36,12 @@ from slime_async.config.passthrough import (
     split_sglang_tokens,
 )
 
-MEGATRON_GROUPS = ("TransformerConfig", "OptimizerConfig", "DistributedDataParallelConfig", "ScheduleConfig")
+MEGATRON_GROUPS = ("TransformerConfig", "OptimizerConfig", "DistributedDataParallelConfig", "ScheduleConfig",
+                   "MegatronLMModelFlags")
+_MEGATRON_GROUP_TITLES = {
+    "ScheduleConfig": "LR schedule (Megatron-LM's flags)",
+    "MegatronLMModelFlags": "Megatron-LM model flags (checked against the HF config, which defines the model)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +86,7 @@ def build_parser(schema: Schema, prog: str, description: str = "") -> tuple[argp
         own = {f.field for f in flags}
         mflags = [f for f in megatron_flags() if f.field not in own]
         for group_name in MEGATRON_GROUPS:
-            title = ("LR schedule (Megatron-LM's flags)" if group_name == "ScheduleConfig"
-                     else f"megatron-core {group_name} (pass-through)")
+            title = _MEGATRON_GROUP_TITLES.get(group_name, f"megatron-core {group_name} (pass-through)")
             group = parser.add_argument_group(title)
             add_flags(group, [f for f in mflags if f.help.startswith(f"[{group_name}]")])
         flags += mflags

@@ -24,17 +24,20 @@ SGLANG_PREFIX = "--sglang-"
 
 @functools.cache
 def megatron_flags() -> tuple[FieldFlag, ...]:
-    """One flag per field of the three megatron-core configs and of the trainer's LR schedule (the
-    Megatron-LM flags `--lr-decay-style`, `--lr-warmup-iters`...); a name shared by two, such as
+    """One flag per field of the three megatron-core configs, of the trainer's LR schedule (the
+    Megatron-LM flags `--lr-decay-style`, `--lr-warmup-iters`...) and of Megatron-LM's model flags
+    (`--swiglu`, `--rotary-base`..., checked against the HF config); a name shared by two, such as
     ``bf16``, is one flag that sets both."""
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer import TransformerConfig
 
+    from actors.trainer.model_flags import MegatronLMModelFlags
     from actors.trainer.optimizer import ScheduleConfig
 
     flags: dict[str, FieldFlag] = {}
-    for cls in (TransformerConfig, OptimizerConfig, DistributedDataParallelConfig, ScheduleConfig):
+    for cls in (TransformerConfig, OptimizerConfig, DistributedDataParallelConfig, ScheduleConfig,
+                MegatronLMModelFlags):
         for flag in dataclass_flags("megatron", cls):
             flags.setdefault(flag.field, dataclasses.replace(flag, help=f"[{cls.__name__}] {flag.help}".strip()))
     return tuple(flags.values())

@@ -38,7 +38,7 @@ def test_spec_is_frozen():
         ({"tis_clip": 0.5, "tis_clip_low": 1.0}, "tis_clip"),
         ({"icepop_low": 2.0, "icepop_high": 1.0}, "icepop_high"),
         ({"mis_threshold_low": 3.0, "mis_threshold_high": 2.0}, "mis_threshold_high"),
-        ({"use_kl_loss": True, "kl_loss_coef": 0.0}, "kl_loss_coef"),
+        ({"use_kl_loss": True, "kl_loss_coef": -0.1}, "kl_loss_coef"),
         ({"entropy_coef": -0.01}, "entropy_coef"),
         ({"kl_coef": -0.1}, "kl_coef"),
         ({"use_tis": True, "mis_level": "sequence"}, "use_tis"),
@@ -51,6 +51,11 @@ def test_spec_is_frozen():
 def test_validate_names_the_offending_field(overrides, field_name):
     with pytest.raises(ValueError, match=field_name):
         LossSpec(**overrides).validate()
+
+
+def test_a_kl_loss_with_coefficient_zero_is_accepted_as_in_slime_recipes():
+    # slime's scripts pass --use-kl-loss --kl-loss-coef 0.0 to log the KL without training on it.
+    LossSpec(use_kl_loss=True, kl_loss_coef=0.0).validate()
 
 
 def test_dual_clip_above_one_is_accepted():
