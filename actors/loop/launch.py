@@ -26,10 +26,11 @@ from actors.loop.sft import sft_loop
 from actors.loop.weight_sync import WeightSync
 from actors.monitor import MonitorActor
 from actors.rollout.actor import RolloutActor
-from actors.rollout.data import PromptDataset
+from actors.rollout.data import PromptDataset, eval_datasets, prompt_dataset
 from actors.router.actor import RouterActor
 from actors.trainer.actor import TrainerActor
 from slime_async.actor import spawn
+from slime_async.compat.slime.args import flatten_config
 from slime_async.config.loader import dump_config, print_config
 from slime_async.config.run import RunConfig
 from slime_async.runtime import EXIT_FAILURE, run, run_supervised
@@ -81,10 +82,7 @@ def _vocab_size(config: RunConfig) -> int | None:
 
 
 def _dataset(config: RunConfig, path: str, tokenizer, *, shuffle: bool, num_epoch: int) -> PromptDataset:
-    r = config.rollout
-    return PromptDataset(path, tokenizer=tokenizer, input_key=r.input_key, label_key=r.label_key,
-                         metadata_key=r.metadata_key, apply_chat_template=r.apply_chat_template,
-                         shuffle=shuffle, seed=r.rollout_seed, num_epoch=num_epoch)
+    return prompt_dataset(config.rollout, path, tokenizer, shuffle=shuffle, num_epoch=num_epoch)
 
 
 async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunProgress) -> int:
@@ -96,8 +94,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     tokenizer = _load_tokenizer(config)
     r = config.rollout
     dataset = _dataset(config, r.prompt_data, tokenizer, shuffle=r.rollout_shuffle, num_epoch=r.num_epoch)
-    eval_dataset = (_dataset(config, r.eval_prompt_data, tokenizer, shuffle=False, num_epoch=1)
-                    if r.eval_prompt_data else None)
+    eval_dataset = eval_datasets(r, tokenizer)  # {name: dataset} of --eval-prompt-data, or None
     total_steps = r.num_rollout or max(1, (len(dataset) * r.num_epoch) // r.rollout_batch_size)
     logs = run_dir / "logs"
     if config.algorithm.loss_type == "sft":
@@ -132,7 +129,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), logs))))
     specs.append(ChildSpec("rollout", lambda: spawn(RolloutActor(
         r, router=child("router"), buffer=child("buffer"), dataset=dataset, tokenizer=tokenizer,
-        vocab_size=_vocab_size(config)))))
+        vocab_size=_vocab_size(config), plugin_settings=flatten_config(config)))))
     root = Supervisor("slime-async", specs, max_restarts=0, max_seconds=1)
 
     async def main(_root: Supervisor) -> int:

@@ -23,6 +23,7 @@ from actors.rollout.data import Prompt
 from actors.rollout.generate import GenerateContext, default_generate
 from actors.rollout.hooks import load_function
 from actors.rollout.rewards import RewardScorer
+from actors.rollout.slime_plugins import SlimePlugins
 from policies.sampling_filters import BUILTIN_FILTERS
 from slime_async.actor import Actor, ActorRef
 from slime_async.sample import Sample, Status
@@ -51,23 +52,32 @@ class RolloutActor(Actor):
     name = "rollout"
 
     def __init__(self, config: RolloutConfig, *, router: ActorRef, buffer: ActorRef, dataset: Any,
-                 tokenizer: Any, vocab_size: int | None = None, name: str | None = None):
+                 tokenizer: Any, vocab_size: int | None = None, name: str | None = None,
+                 plugin_settings: dict[str, Any] | None = None):
+        """``plugin_settings``: the whole run config flattened (``flatten_config``), which slime-style
+        hooks read as ``args``; without it they see the rollout section only."""
         super().__init__(name)
         self.config = config
         self.buffer = buffer
         self.dataset = dataset
         self.ctx = GenerateContext(router, tokenizer, config, vocab_size)
-        self.scorer = RewardScorer(config, self.ctx)
+        # Hooks of either style are wrapped into the native signatures below (hooks.hook_style).
+        self.plugins = SlimePlugins(config, self.ctx, plugin_settings)
+        self.scorer = RewardScorer(config, self.ctx, self.plugins)
         self.generate_fn = default_generate
         if config.custom_generate_function_path:
-            self.generate_fn = load_function(config.custom_generate_function_path, "--custom-generate-function-path")
+            self.generate_fn = self.plugins.generate(
+                load_function(config.custom_generate_function_path, "--custom-generate-function-path"))
+        self._generate_takes_evaluation = "evaluation" in inspect.signature(self.generate_fn).parameters
         self.group_fn = None
         if config.rollout_function_path:
-            self.group_fn = load_function(config.rollout_function_path, "--rollout-function-path")
+            self.group_fn = self.plugins.group(load_function(config.rollout_function_path, "--rollout-function-path"))
         self.keep_group = None
         if config.dynamic_sampling_filter_path:
             path = config.dynamic_sampling_filter_path
-            self.keep_group = BUILTIN_FILTERS.get(path) or load_function(path, "--dynamic-sampling-filter-path")
+            self.keep_group = self.plugins.group_filter(
+                BUILTIN_FILTERS.get(path) or load_function(path, "--dynamic-sampling-filter-path"))
+        self._drop_reasons: Counter[str] = Counter()  # dynamic-filter drops by the filter's reason
         self._slots = asyncio.Semaphore(config.rollout_concurrency)
         self._counters: Counter[str] = Counter()
         self._window = _Window()
@@ -122,15 +132,18 @@ class RolloutActor(Actor):
             "perf/engine_busy_time": window.busy_time,
             "perf/engine_busy_frac": min(1.0, window.busy_time / elapsed),
         }
+        out.update({f"rollout/dynamic_filter/drop_{reason}": float(count)
+                    for reason, count in self._drop_reasons.items()})
         if n:
             out["rollout/reward_mean"] = sum(window.rewards) / n
             out["rollout/response_len_mean"] = sum(window.response_lengths) / n
             out["rollout/truncated_ratio"] = window.truncated / n
         return out
 
-    def evaluate(self, dataset: Any) -> Any:
-        """Score every prompt of ``dataset`` (``--eval-n-samples`` each); ``eval/*`` scalars."""
-        return self.defer(self._evaluate(dataset))
+    def evaluate(self, datasets: Any) -> Any:
+        """Score every prompt (``--n-samples-per-eval-prompt`` each) of one dataset (``eval/*``
+        scalars) or of ``{name: dataset}`` (``eval/<name>/*``; name "" is ``eval/*``)."""
+        return self.defer(self._evaluate_all(datasets if isinstance(datasets, dict) else {"": datasets}))
 
     def state_dict(self) -> dict[str, Any]:
         """The data cursor plus prompts whose groups were started but not yet in the buffer:
@@ -206,9 +219,11 @@ class RolloutActor(Actor):
             self.ctx.router.tell("end_session", session_id)  # its prefix is no longer worth keeping
         keep = await self.scorer.score_group(group)
         if keep and self.keep_group is not None:
-            keep = bool(self.keep_group([s.reward for s in group]))
+            keep, reason = self.keep_group(group)
             if not keep:
                 self._counters["groups_filtered"] += 1
+                if reason:
+                    self._drop_reasons[reason] += 1
         elif not keep:
             self._counters["groups_failed"] += 1
         del self._in_flight_prompts[group_index]
@@ -226,11 +241,17 @@ class RolloutActor(Actor):
         results = await asyncio.gather(*(self._generate_sample(sample, params) for sample in samples))
         return [s for result in results for s in (result if isinstance(result, list) else [result])]
 
-    async def _generate_sample(self, sample: Sample, params: dict[str, Any]) -> Sample | list[Sample]:
+    async def _generate_sample(self, sample: Sample, params: dict[str, Any], *,
+                               evaluation: bool = False) -> Sample | list[Sample]:
+        max_context = self.config.rollout_max_context_len
+        if max_context is not None:  # this sample's budget: what the context leaves after its prompt
+            left = max_context - len(sample.tokens)
+            params = {**params, "max_new_tokens": max(1, min(params["max_new_tokens"], left))}
+        extra = {"evaluation": evaluation} if self._generate_takes_evaluation else {}
         async with self._slots:
             self._busy_change(+1)
             try:
-                result = self.generate_fn(self.ctx, sample, params)
+                result = self.generate_fn(self.ctx, sample, params, **extra)
                 if inspect.isawaitable(result):
                     result = await result
             finally:
@@ -239,6 +260,9 @@ class RolloutActor(Actor):
             s.check()
             if s.status is Status.PENDING:
                 s.status = Status.COMPLETED
+            if not s.response and s.response_length and self.ctx.tokenizer is not None:
+                # Reward functions read the text (slime's do); decoded as the built-in rewards read it.
+                s.response = self.ctx.tokenizer.decode(s.response_tokens, skip_special_tokens=True)
         return result
 
     def _busy_change(self, delta: int) -> None:
@@ -273,22 +297,28 @@ class RolloutActor(Actor):
             window.tokens += sum(sample.loss_mask)
 
     # ----- evaluation ------------------------------------------------------------------------------
-    async def _evaluate(self, dataset: Any) -> dict[str, float]:
+    async def _evaluate_all(self, datasets: dict[str, Any]) -> dict[str, float]:
+        results = await asyncio.gather(*(self._evaluate(name, dataset) for name, dataset in datasets.items()))
+        return {key: value for metrics in results for key, value in metrics.items()}
+
+    async def _evaluate(self, name: str, dataset: Any) -> dict[str, float]:
         params = self.sampling_params(evaluation=True)
         prompts = list(dataset.all_prompts())
-        n = self.config.eval_n_samples
+        n = self.config.n_samples_per_eval_prompt
+        prefix = f"eval/{name}/" if name else "eval/"
 
         async def one(prompt: Any, i: int, k: int) -> Sample:
             sample = self._new_sample(prompt, -1 - i, k)
-            sample.session_id = f"eval-{i}"
-            await self._generate_sample(sample, params)
-            await self.scorer.score_group([sample])
-            return sample
+            sample.session_id = f"eval-{name}-{i}" if name else f"eval-{i}"
+            result = await self._generate_sample(sample, params, evaluation=True)
+            produced = result if isinstance(result, list) else [result]
+            await self.scorer.score_group(produced)
+            return produced[-1]  # a hook that splits a trajectory is scored on its last piece
 
         samples = await asyncio.gather(*(one(p, i, k) for i, p in enumerate(prompts) for k in range(n)))
         rewards = [s.reward or 0.0 for s in samples]
         return {
-            "eval/reward_mean": sum(rewards) / max(len(rewards), 1),
-            "eval/response_len_mean": sum(s.response_length for s in samples) / max(len(samples), 1),
-            "eval/samples": float(len(samples)),
+            prefix + "reward_mean": sum(rewards) / max(len(rewards), 1),
+            prefix + "response_len_mean": sum(s.response_length for s in samples) / max(len(samples), 1),
+            prefix + "samples": float(len(samples)),
         }

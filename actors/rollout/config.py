@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
+import yaml
+
+from actors.rollout.hooks import split_function_path
+from slime_async.config.flags import JsonDict
 from slime_async.config.flags import field_help as _help
+
+HOOK = "pkg.mod:fn or pkg.mod.fn — "
 
 
 @dataclass
@@ -16,6 +23,8 @@ class RolloutConfig:
     label_key: str = field(default="label", metadata=_help("row key of the reference answer"))
     metadata_key: str = field(default="metadata", metadata=_help("row key of per-prompt metadata"))
     apply_chat_template: bool = field(default=False, metadata=_help("render prompts with the tokenizer's chat template"))
+    apply_chat_template_kwargs: JsonDict = field(default_factory=dict, metadata=_help(
+        "JSON object of extra keyword arguments for apply_chat_template, e.g. '{\"enable_thinking\": false}'"))
     rollout_shuffle: bool = field(default=True, metadata=_help("shuffle prompts every epoch"))
     rollout_seed: int = field(default=42, metadata=_help("seed of the prompt order and of sampling"))
     num_epoch: int = field(default=1, metadata=_help("passes over the prompt data (when --num-rollout is unset)"))
@@ -27,6 +36,9 @@ class RolloutConfig:
         "groups admitted per policy version when a dynamic-sampling filter may drop some (>= --rollout-batch-size); "
         "surplus groups that outlive the staleness bound are dropped and counted"))
     rollout_max_response_len: int = field(default=64, metadata=_help("max new tokens per sample"))
+    rollout_max_context_len: int | None = field(default=None, metadata=_help(
+        "max prompt + response tokens: longer prompts are skipped at load (counted as bad rows) and each "
+        "sample's new tokens are capped to what is left; multi-turn hooks read it to cap their turns"))
     rollout_temperature: float = field(default=1.0, metadata=_help("sampling temperature"))
     rollout_top_p: float = field(default=1.0, metadata=_help("nucleus sampling"))
     rollout_top_k: int = field(default=-1, metadata=_help("top-k sampling; -1 = off"))
@@ -34,29 +46,38 @@ class RolloutConfig:
     rollout_concurrency: int = field(default=64, metadata=_help("max generations in flight"))
     # --- hooks
     custom_generate_function_path: str | None = field(default=None, metadata=_help(
-        "pkg.mod:fn — async def generate(ctx, sample, sampling_params) -> Sample | list[Sample]"))
+        HOOK + "async def generate(ctx, sample, sampling_params) -> Sample | list[Sample]; slime's "
+        "generate(args, sample, sampling_params) runs too"))
     rollout_function_path: str | None = field(default=None, metadata=_help(
-        "pkg.mod:fn — async def rollout_group(ctx, samples, sampling_params) -> list[Sample]: replaces "
-        "the whole group generation (the generate hook then is not used)"))
+        HOOK + "async def rollout_group(ctx, samples, sampling_params) -> list[Sample]: replaces "
+        "the whole group generation (the generate hook then is not used); also with args for ctx"))
     custom_rm_path: str | None = field(default=None, metadata=_help(
-        "pkg.mod:fn — async def rm(ctx, sample) -> float (with --group-rm: rm(ctx, samples) -> list[float])"))
+        HOOK + "async def rm(ctx, sample) -> float (with --group-rm: rm(ctx, samples) -> list[float]); "
+        "slime's rm(args, sample) runs too"))
     rm_type: str = field(default="math", metadata=_help("built-in reward when --custom-rm-path is unset: math, exact, f1"))
     group_rm: bool = field(default=False, metadata=_help("the custom reward function scores a whole group at once"))
     reward_timeout: float = field(default=30.0, metadata=_help("seconds before a reward call counts as failed"))
     on_reward_error: Literal["zero", "drop"] = field(default="zero", metadata=_help(
         "a sample whose reward raised or timed out: reward 0, or drop its group"))
+    reward_key: str | None = field(default=None, metadata=_help(
+        "when the reward function returns a dict, the key of the reward to train on (the whole dict is "
+        "kept in the sample's metadata as reward_info)"))
     dynamic_sampling_filter_path: str | None = field(default=None, metadata=_help(
-        "pkg.mod:fn(rewards) -> bool (keep the group?), or a built-in: nonuniform"))
+        "pkg.mod:fn(rewards) -> bool (keep the group?), slime's fn(args, samples) -> DynamicFilterOutput | bool, "
+        "or a built-in: nonuniform"))
+    custom_config_path: str | None = field(default=None, metadata=_help(
+        "YAML mapping of extra settings for slime-style plug-ins: each key becomes an attribute of their args"))
     # --- evaluation
-    eval_prompt_data: str | None = field(default=None, metadata=_help("held-out prompts (.jsonl/.parquet)"))
+    eval_prompt_data: list[str] | None = field(default=None, metadata=_help(
+        "held-out prompts (.jsonl/.parquet): PATH (metrics eval/*) or NAME PATH [NAME PATH ...] (eval/<NAME>/*)"))
     eval_interval: int | None = field(default=None, metadata=_help("evaluate every N training steps (and at 0 and the end)"))
-    eval_n_samples: int = field(default=1, metadata=_help("samples per eval prompt"))
+    n_samples_per_eval_prompt: int = field(default=1, metadata=_help("samples per eval prompt"))
     eval_temperature: float = field(default=0.0, metadata=_help("eval sampling temperature; 0 = greedy"))
     eval_max_response_len: int | None = field(default=None, metadata=_help("defaults to --rollout-max-response-len"))
 
     def validate(self) -> None:
         positive = ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len", "rollout_concurrency",
-                    "num_epoch", "eval_n_samples")
+                    "num_epoch", "n_samples_per_eval_prompt")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
@@ -74,7 +95,47 @@ class RolloutConfig:
             raise ValueError("--eval-interval needs --eval-prompt-data")
         for name in ("custom_generate_function_path", "rollout_function_path", "custom_rm_path"):
             path = getattr(self, name)
-            if path is not None and ":" not in path:
-                raise ValueError(f"--{name.replace('_', '-')} must look like package.module:function, got {path!r}")
+            if path is not None:
+                try:
+                    split_function_path(path)
+                except ValueError as error:
+                    raise ValueError(f"--{name.replace('_', '-')}: {error}") from None
         if self.group_rm and not self.custom_rm_path:
             raise ValueError("--group-rm needs --custom-rm-path")
+        self.eval_sets()  # NAME PATH pairs
+        if self.rollout_max_context_len is not None and self.rollout_max_context_len < 2:
+            raise ValueError(f"--rollout-max-context-len must be >= 2 (a prompt token and a new one), "
+                             f"got {self.rollout_max_context_len}")
+        self.plugin_settings()  # the file exists and is a mapping
+
+    def eval_sets(self) -> dict[str, str]:
+        """``{name: path}`` of --eval-prompt-data: one PATH is the unnamed set "" (metrics
+        eval/*), NAME PATH pairs are named sets (metrics eval/<NAME>/*)."""
+        values = list(self.eval_prompt_data or [])
+        if len(values) == 1:
+            return {"": values[0]}
+        if len(values) % 2:
+            raise ValueError(f"--eval-prompt-data takes PATH or NAME PATH [NAME PATH ...], got {len(values)} values: "
+                             f"{' '.join(values)}")
+        pairs = {}
+        for name, path in zip(values[::2], values[1::2]):
+            if not name or "/" in name or name in pairs:
+                raise ValueError(f"--eval-prompt-data: eval set name {name!r} must be unique, non-empty and "
+                                 "without '/' (it becomes the metric prefix eval/<name>/)")
+            pairs[name] = path
+        return pairs
+
+    def plugin_settings(self) -> dict[str, Any]:
+        """The --custom-config-path mapping ({} without one)."""
+        if not self.custom_config_path:
+            return {}
+        path = Path(self.custom_config_path)
+        if not path.is_file():
+            raise ValueError(f"--custom-config-path {path}: no such file")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ValueError(f"--custom-config-path {path}: not YAML: {str(error).splitlines()[0]}") from None
+        if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+            raise ValueError(f"--custom-config-path {path}: expected a mapping of names to values")
+        return data

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.rollout.config import RolloutConfig
+
 log = logging.getLogger(__name__)
 
 JSONL_SUFFIXES = (".jsonl",)
@@ -66,9 +68,10 @@ class PromptDataset:
 
     ``apply_chat_template``: a string input becomes one user message, a list input is taken as
     chat messages; either is rendered with the tokenizer's chat template
-    (``add_generation_prompt=True``). Without it the input must be a string. The rendered text
-    is tokenized without adding special tokens (a chat template already writes its own).
-    ``num_epoch`` None cycles forever.
+    (``add_generation_prompt=True`` plus ``apply_chat_template_kwargs``). Without it the input
+    must be a string. The rendered text is tokenized without adding special tokens (a chat
+    template already writes its own). ``max_context_len``: a prompt of that many tokens or more
+    leaves no room for a response and is skipped as a bad row. ``num_epoch`` None cycles forever.
     """
 
     def __init__(
@@ -80,6 +83,8 @@ class PromptDataset:
         label_key: str = "label",
         metadata_key: str = "metadata",
         apply_chat_template: bool = False,
+        apply_chat_template_kwargs: dict[str, Any] | None = None,
+        max_context_len: int | None = None,
         shuffle: bool = True,
         seed: int = 42,
         num_epoch: int | None = 1,
@@ -92,6 +97,8 @@ class PromptDataset:
         self.label_key = label_key
         self.metadata_key = metadata_key
         self.apply_chat_template = apply_chat_template
+        self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
+        self.max_context_len = max_context_len
         self.shuffle = shuffle
         self.seed = seed
         self.num_epoch = num_epoch
@@ -176,6 +183,9 @@ class PromptDataset:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise BadRow("the prompt tokenizes to nothing")
+        if self.max_context_len is not None and len(ids) >= self.max_context_len:
+            raise BadRow(f"the prompt has {len(ids)} tokens, leaving no room under --rollout-max-context-len "
+                         f"{self.max_context_len}")
         metadata = record.get(self.metadata_key)
         if metadata is None:
             metadata = {}
@@ -190,25 +200,8 @@ class PromptDataset:
         return _Row(prompt, array.array("l", ids), record.get(self.label_key), metadata)
 
     def _render(self, prompt: Any) -> str:
-        if not self.apply_chat_template:
-            if not isinstance(prompt, str):
-                raise BadRow(
-                    f"{self.input_key!r} must be a string without --apply-chat-template, got {type(prompt).__name__}"
-                )
-            return prompt
-        if isinstance(prompt, str):
-            messages = [{"role": "user", "content": prompt}]
-        elif isinstance(prompt, list) and prompt and all(_is_message(m) for m in prompt):
-            messages = prompt
-        else:
-            raise BadRow(
-                f"{self.input_key!r} must be a string or a non-empty list of "
-                f"{{'role': str, 'content': str}} messages, got {_describe(prompt)}"
-            )
-        try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as error:  # noqa: BLE001 - a template error is about this row's content
-            raise BadRow(f"chat template failed: {error}") from error
+        return render_prompt(self.tokenizer, prompt, apply_chat_template=self.apply_chat_template,
+                             chat_template_kwargs=self.apply_chat_template_kwargs, input_key=self.input_key)
 
     # ----- iteration --------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -297,6 +290,47 @@ class PromptDataset:
         self._epoch = state["epoch"]
         self._position = position
         self._order = self._epoch_order(self._epoch)
+
+
+def render_prompt(tokenizer: Any, prompt: Any, *, apply_chat_template: bool,
+                  chat_template_kwargs: dict[str, Any] | None = None, input_key: str = "prompt") -> str:
+    """The text a prompt is tokenized from (the chat template applied when asked); BadRow says why not."""
+    if not apply_chat_template:
+        if not isinstance(prompt, str):
+            raise BadRow(f"{input_key!r} must be a string without --apply-chat-template, got {type(prompt).__name__}")
+        return prompt
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list) and prompt and all(_is_message(m) for m in prompt):
+        messages = prompt
+    else:
+        raise BadRow(
+            f"{input_key!r} must be a string or a non-empty list of "
+            f"{{'role': str, 'content': str}} messages, got {_describe(prompt)}"
+        )
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **(chat_template_kwargs or {}))
+    except Exception as error:  # noqa: BLE001 - a template error is about this row's content
+        raise BadRow(f"chat template failed: {error}") from error
+
+
+def prompt_dataset(config: RolloutConfig, path: str | Path, tokenizer: Any, *, shuffle: bool,
+                   num_epoch: int | None) -> PromptDataset:
+    """A PromptDataset read the way the rollout section says (keys, chat template, context length)."""
+    return PromptDataset(path, tokenizer=tokenizer, input_key=config.input_key, label_key=config.label_key,
+                         metadata_key=config.metadata_key, apply_chat_template=config.apply_chat_template,
+                         apply_chat_template_kwargs=config.apply_chat_template_kwargs,
+                         max_context_len=config.rollout_max_context_len, shuffle=shuffle, seed=config.rollout_seed,
+                         num_epoch=num_epoch)
+
+
+def eval_datasets(config: RolloutConfig, tokenizer: Any) -> dict[str, PromptDataset] | None:
+    """``{name: dataset}`` of --eval-prompt-data (name "" for a single PATH), None without it."""
+    sets = config.eval_sets()
+    if not sets:
+        return None
+    return {name: prompt_dataset(config, path, tokenizer, shuffle=False, num_epoch=1) for name, path in sets.items()}
 
 
 def _is_message(message: Any) -> bool:

@@ -1,17 +1,42 @@
-"""Loading user hooks given as ``package.module:function``."""
+"""Loading user hooks, and telling slime-style hooks from native ones.
+
+A hook path is ``package.module:function`` or, as slime writes it, ``package.module.function``.
+
+Style: a hook whose first parameter is named ``args`` is slime-style (slime's signatures:
+``generate(args, sample, sampling_params)``, ``rm(args, sample)``, ``filter(args, samples)``) and
+runs through ``actors.rollout.slime_plugins``; one whose first parameter is ``ctx`` is native.
+A first parameter with another name counts as slime-style when the hook's module imports
+``slime_async.compat.slime`` (the import swap), native otherwise; a filter with a single
+parameter is native (``fn(rewards)``).
+"""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
+
+HookStyle = Literal["native", "slime"]
+COMPAT_PACKAGE = "slime_async.compat.slime"
+
+
+def split_function_path(path: str) -> tuple[str, str]:
+    """``("package.module", "function")`` from either spelling; ValueError when neither."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr or "." in attr or ":" in attr:
+        raise ValueError(f"expected package.module:function or package.module.function, got {path!r}")
+    return module_name, attr
 
 
 def load_function(path: str, flag: str) -> Callable[..., Any]:
-    """Import ``package.module:function``; errors name the flag and what is wrong."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{flag}: expected package.module:function, got {path!r}")
+    """Import the hook at ``path``; errors name the flag and what is wrong."""
+    try:
+        module_name, attr = split_function_path(path)
+    except ValueError as error:
+        raise ValueError(f"{flag}: {error}") from None
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
@@ -20,3 +45,39 @@ def load_function(path: str, flag: str) -> Callable[..., Any]:
     if function is None or not callable(function):
         raise ValueError(f"{flag}: module {module_name!r} has no function {attr!r}")
     return function
+
+
+def hook_style(function: Callable[..., Any]) -> HookStyle:
+    """Whether ``function`` is written against slime's signatures or the native ones."""
+    parameters = _positional_parameters(function)
+    first = parameters[0] if parameters else None
+    if first == "args":
+        return "slime"
+    if first == "ctx" or not parameters:
+        return "native"
+    return "slime" if _imports_compat(function) else "native"
+
+
+def parameter_names(function: Callable[..., Any]) -> list[str]:
+    """The positional parameter names of ``function`` (empty when it cannot be inspected)."""
+    return _positional_parameters(function)
+
+
+def _positional_parameters(function: Callable[..., Any]) -> list[str]:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in signature.parameters.values() if p.kind in kinds]
+
+
+def _imports_compat(function: Callable[..., Any]) -> bool:
+    # The source, not the module's globals: ``Sample`` imported through the compat path is the
+    # runtime's own class, whose __module__ does not name the compat package.
+    module = inspect.getmodule(function)
+    try:
+        source = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        return False
+    return COMPAT_PACKAGE in source

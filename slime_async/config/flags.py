@@ -2,7 +2,8 @@
 
 A field ``n_samples_per_prompt: int`` becomes ``--n-samples-per-prompt N``; a ``bool`` becomes
 ``--flag`` / ``--no-flag``; ``Literal`` and ``Enum`` fields get choices; ``list[T]`` takes one or
-more values; ``Optional[T]`` also accepts ``none``. Help comes from ``field(metadata={"help":
+more values; ``Optional[T]`` also accepts ``none``; a ``JsonDict`` field takes a JSON object
+(``--flag '{"k": 1}'``, or a table in a config file). Help comes from ``field(metadata={"help":
 ...})``. Fields whose type cannot be written on a command line (callables, dicts) are not flags.
 
 Every argument is registered with ``default=SUPPRESS``, so a parsed namespace holds only what
@@ -15,6 +16,7 @@ import argparse
 import dataclasses
 import difflib
 import enum
+import json
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -36,6 +38,25 @@ class FlagType:
     optional: bool = False
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+
+
+class JsonDict(dict):
+    """Annotation for a dict-valued flag given as JSON text (slime's ``--apply-chat-template-kwargs``).
+
+    Plain ``dict`` fields are never flags (the pass-through tables are dicts); this marks the
+    ones that are. The value stored is a plain ``dict``.
+    """
+
+
+def _to_json_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{value!r} is not JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    return dict(value)
 
 
 def field_help(text: str) -> dict[str, str]:
@@ -76,6 +97,8 @@ def flag_type(tp: Any) -> FlagType | None:
         by_name = {m.name.lower(): m for m in tp} | {str(m.value).lower(): m for m in tp}
         return FlagType(lambda x: x if isinstance(x, tp) else _choice(str(x).lower(), by_name),
                         choices=tuple(m.name.lower() for m in tp))
+    if tp is JsonDict:
+        return FlagType(_to_json_dict, metavar="JSON")
     if tp is bool:
         return FlagType(_to_bool, is_bool=True)
     if tp is int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
@@ -272,3 +273,34 @@ def test_resume_on_changed_data_is_refused(tmp_path, tokenizer):
 def test_prompt_round_trips_through_a_dict(tmp_path, tokenizer):
     prompt = PromptDataset(write_jsonl(tmp_path / "d.jsonl", numbered_rows(1)), tokenizer).next_prompt()
     assert Prompt.from_dict(json.loads(json.dumps(prompt.to_dict()))) == prompt
+
+
+# ----- slime's rollout flags ---------------------------------------------------------------------
+def test_apply_chat_template_kwargs_reach_the_template(tmp_path, tokenizer):
+    template = "{% if shout %}LOUD {% endif %}{{ messages[0]['content'] }}"
+    tok = copy.copy(tokenizer)
+    tok.chat_template = template
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
+    dataset = PromptDataset(path, tok, apply_chat_template=True, apply_chat_template_kwargs={"shout": True})
+    assert dataset.next_prompt().prompt_ids == tok("LOUD hello", add_special_tokens=False)["input_ids"]
+
+
+def test_a_prompt_that_fills_the_max_context_len_is_a_bad_row(tmp_path, tokenizer, caplog):
+    long = "what is 1+2 " * 20
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}, {"prompt": long}])
+    with caplog.at_level(logging.WARNING):
+        dataset = PromptDataset(path, tokenizer, max_context_len=8)
+    assert len(dataset) == 1 and dataset.bad_rows == 1
+    assert "line 2 skipped: the prompt has" in caplog.text and "--rollout-max-context-len 8" in caplog.text
+
+
+def test_eval_datasets_are_named_by_the_eval_prompt_data_pairs(tmp_path, tokenizer):
+    from actors.rollout.config import RolloutConfig
+    from actors.rollout.data import eval_datasets
+
+    a = write_jsonl(tmp_path / "a.jsonl", numbered_rows(2))
+    b = write_jsonl(tmp_path / "b.jsonl", numbered_rows(3))
+    sets = eval_datasets(RolloutConfig(eval_prompt_data=["a", str(a), "b", str(b)]), tokenizer)
+    assert {name: len(dataset) for name, dataset in sets.items()} == {"a": 2, "b": 3}
+    assert list(eval_datasets(RolloutConfig(eval_prompt_data=[str(a)]), tokenizer)) == [""]
+    assert eval_datasets(RolloutConfig(), tokenizer) is None

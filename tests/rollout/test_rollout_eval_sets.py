@@ -1,0 +1,77 @@
+"""RolloutActor: named eval sets, samples per eval prompt, the context-length cap, and
+``sample.response`` set for native hooks. The router is a stand-in that answers at once."""
+
+from __future__ import annotations
+
+from actors.rollout.actor import RolloutActor
+from actors.rollout.config import RolloutConfig
+from actors.rollout.data import Prompt
+from slime_async.actor import Actor, spawn
+from slime_async.tiny_model import train_tokenizer
+
+
+class EchoRouter(Actor):
+    """Answers every request with tokens 10, 11, ... up to max_new_tokens (finish: length)."""
+
+    name = "router"
+
+    def __init__(self):
+        super().__init__()
+        self.requests: list[tuple[list[int], dict]] = []
+
+    def generate(self, input_ids, sampling_params, session_id=None):
+        self.requests.append((list(input_ids), dict(sampling_params)))
+        ids = list(range(10, 10 + sampling_params["max_new_tokens"]))
+        return {"meta_info": {"output_token_logprobs": [[-1.0, t, None] for t in ids],
+                              "finish_reason": {"type": "length"}, "weight_version": "0"}}
+
+
+class Prompts:
+    def __init__(self, n: int, prompt_ids: list[int]):
+        self.prompts = [Prompt(index=i, epoch=0, prompt=f"p{i}", prompt_ids=list(prompt_ids), label="x")
+                        for i in range(n)]
+
+    def all_prompts(self):
+        return iter(self.prompts)
+
+
+TOKENIZER = train_tokenizer(512, 0)
+
+
+async def evaluate(config: RolloutConfig, datasets):
+    echo = EchoRouter()
+    router = await spawn(echo)
+    rollout = await spawn(RolloutActor(config, router=router, buffer=router, dataset=None, tokenizer=TOKENIZER))
+    try:
+        return await rollout.ask("evaluate", datasets), echo
+    finally:
+        await rollout.stop()
+        await router.stop()
+
+
+async def test_each_named_eval_set_gets_its_own_metrics_with_n_samples_per_prompt():
+    config = RolloutConfig(rm_type="exact", n_samples_per_eval_prompt=3, rollout_max_response_len=2)
+    metrics, router = await evaluate(config, {"aime": Prompts(2, [1, 2]), "gsm": Prompts(1, [1, 2])})
+    assert metrics["eval/aime/samples"] == 6.0 and metrics["eval/gsm/samples"] == 3.0
+    assert {"eval/aime/reward_mean", "eval/gsm/response_len_mean"} <= set(metrics)
+    assert len(router.requests) == 9
+
+
+async def test_a_single_eval_set_keeps_the_unnamed_metrics():
+    metrics, _ = await evaluate(RolloutConfig(rm_type="exact", rollout_max_response_len=2), Prompts(2, [1, 2]))
+    assert metrics["eval/samples"] == 2.0 and "eval/reward_mean" in metrics
+
+
+async def test_the_context_length_caps_each_samples_new_tokens():
+    config = RolloutConfig(rm_type="exact", rollout_max_response_len=64, eval_max_response_len=64,
+                           rollout_max_context_len=10)
+    _, router = await evaluate(config, Prompts(1, [1, 2, 3, 4, 5, 6]))
+    assert router.requests[0][1]["max_new_tokens"] == 4  # 10 - 6 prompt tokens
+
+
+async def test_a_native_hooks_sample_gets_its_response_text_for_reward_functions():
+    config = RolloutConfig(rm_type="exact", rollout_max_response_len=3, eval_max_response_len=3)
+    dataset = Prompts(1, [1, 2])
+    dataset.prompts[0].label = TOKENIZER.decode([10, 11, 12], skip_special_tokens=True)
+    metrics, _ = await evaluate(config, dataset)
+    assert metrics["eval/reward_mean"] == 1.0  # the built-in reward compared the decoded response
