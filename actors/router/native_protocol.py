@@ -1,0 +1,144 @@
+"""SGLang's native ``/generate`` as the front serves it: request parsing, response shapes.
+
+Accepts what SGLang's ``GenerateReqInput`` accepts for text generation — ``text`` or
+``input_ids`` (one prompt or a batch), ``sampling_params`` (one for all or one per prompt),
+``return_logprob``, ``rid``, ``stream`` — and answers in SGLang's format. Text ``stop`` strings
+and ``no_stop_trim`` are handled by the front (see completion.py), everything else in
+``sampling_params`` goes to the engines. Errors are SGLang's ``{"error": {"message": ...}}``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from actors.router.completion import Completion, CompletionSpec
+from slime_async.engine_client import check_sampling_params
+
+SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
+
+# GenerateReqInput fields that change nothing here (logprob options that only matter when
+# prompt logprobs or top-k logprobs are returned, which the engines do not send through us).
+_IGNORED = {"logprob_start_len", "return_text_in_logprobs", "log_metrics", "bootstrap_host", "bootstrap_port",
+            "bootstrap_room", "data_parallel_rank", "custom_logit_processor", "lora_path", "priority",
+            "return_hidden_states", "session_params", "modalities", "stream_output"}
+_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "rid", "stream", "top_logprobs_num",
+           "token_ids_logprob", "image_data", "audio_data", "video_data", "input_embeds"} | _IGNORED
+
+
+class NativeError(ValueError):
+    """Answered with HTTP 400 as ``{"error": {"message": ...}}``."""
+
+
+@dataclass
+class NativeItem:
+    """One prompt × one sample of a /generate call."""
+
+    rid: str
+    spec: CompletionSpec
+    return_logprob: bool
+
+
+def parse_generate(body: Any, encode: Callable[[str], list[int]]) -> tuple[list[NativeItem], bool, bool]:
+    """``(items, is_batch, stream)``; a prompt with ``sampling_params.n`` > 1 gives n items."""
+    if not isinstance(body, dict):
+        raise NativeError("request body must be a JSON object")
+    unknown = sorted(set(body) - _FIELDS)
+    if unknown:
+        raise NativeError(f"unknown /generate field(s): {', '.join(unknown)}")
+    for name in ("image_data", "audio_data", "video_data", "input_embeds", "token_ids_logprob"):
+        if body.get(name) is not None:
+            raise NativeError(f"{name} is not supported by the slime-async router")
+    if body.get("top_logprobs_num"):
+        raise NativeError("top_logprobs_num is not supported: the engines return only the sampled token's logprob")
+    if body.get("input_ids") is not None:
+        prompts = body["input_ids"]
+        is_batch = isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], list)
+        prompts = prompts if is_batch else [prompts]
+        for i, ids in enumerate(prompts):
+            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise NativeError(f"input_ids{f'[{i}]' if is_batch else ''} must be a non-empty list of token ids")
+    elif body.get("text") is not None:
+        text = body["text"]
+        is_batch = isinstance(text, list)
+        texts = text if is_batch else [text]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise NativeError("text must be a string or a non-empty list of strings")
+        prompts = [encode(t) for t in texts]
+    else:
+        raise NativeError("one of text or input_ids is required")
+    n = len(prompts)
+    sampling = _per_prompt(body.get("sampling_params"), n, "sampling_params", dict)
+    logprob_flags = _per_prompt(body.get("return_logprob"), n, "return_logprob", bool)
+    rids = _per_prompt(body.get("rid"), n, "rid", str)
+    items = []
+    for i, ids in enumerate(prompts):
+        where = f"sampling_params[{i}]" if is_batch else "sampling_params"
+        spec, samples = _spec(list(ids), sampling[i] or {}, where)
+        rid = rids[i] or uuid.uuid4().hex
+        for k in range(samples):
+            items.append(NativeItem(rid if samples == 1 else f"{rid}-{k}", spec, bool(logprob_flags[i])))
+    stream = bool(body.get("stream"))
+    if stream and len(items) > 1:
+        raise NativeError("stream=true needs a single prompt with n=1")
+    return items, is_batch or len(items) > n, stream
+
+
+def _spec(prompt_ids: list[int], raw: dict[str, Any], where: str) -> tuple[CompletionSpec, int]:
+    params = dict(raw)
+    stop = params.pop("stop", None)
+    if stop is None or stop == "":
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(s for s in stop if s)
+    else:
+        raise NativeError(f"{where}.stop must be a string or a list of strings")
+    if params.pop("stop_regex", None):
+        raise NativeError(f"{where}.stop_regex is not supported by the slime-async router; use stop strings")
+    samples = params.pop("n", 1) or 1
+    if not isinstance(samples, int) or samples < 1:
+        raise NativeError(f"{where}.n must be a positive integer")
+    max_new_tokens = params.pop("max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 0):
+        raise NativeError(f"{where}.max_new_tokens must be a non-negative integer or null")
+    no_stop_trim = bool(params.pop("no_stop_trim", False))
+    skip_special_tokens = params.pop("skip_special_tokens", True) is not False
+    params.pop("spaces_between_special_tokens", None)
+    try:
+        check_sampling_params(params)
+    except ValueError as error:
+        raise NativeError(f"{where}: {error}") from None
+    spec = CompletionSpec(prompt_ids, params, max_new_tokens, stops, no_stop_trim, skip_special_tokens)
+    return spec, samples
+
+
+def generate_response(item: NativeItem, completion: Completion, text: str, *, final: bool = True) -> dict[str, Any]:
+    """SGLang's answer for one item; while streaming, cumulative and with finish_reason null."""
+    meta: dict[str, Any] = {
+        "id": item.rid,
+        "finish_reason": completion.finish_reason if final else None,
+        "prompt_tokens": len(item.spec.prompt_ids),
+        "completion_tokens": len(completion.output_ids),
+        "cached_tokens": completion.cached_tokens,
+        "weight_version": completion.weight_version,
+        # Extension: the weight version of every output token (a weight sync may land mid-answer).
+        "output_token_weight_versions": list(completion.weight_versions),
+    }
+    if item.return_logprob:
+        meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(completion.logprobs, completion.output_ids)]
+        meta["input_token_logprobs"] = []
+    return {"text": text, "output_ids": list(completion.output_ids), "meta_info": meta}
+
+
+def _per_prompt(value: Any, n: int, name: str, kind: type) -> list[Any]:
+    """SGLang lets batch fields be one value for all prompts or a list with one per prompt."""
+    if isinstance(value, list) and kind is not list:
+        if len(value) != n:
+            raise NativeError(f"{name} has {len(value)} entries for a batch of {n}")
+        return value
+    if value is not None and not isinstance(value, kind):
+        raise NativeError(f"{name} must be {kind.__name__} or a list of them, got {value!r}")
+    return [value] * n
