@@ -14,15 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from slime_async.sample import Sample, Status
-
-
-def version_of(weight_version: str | None) -> int:
-    """The policy version an engine reports; SGLang starts at "default", which is version 0."""
-    try:
-        return int(weight_version)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0
+from slime_async.sample import Sample, Status, policy_version
 
 
 @dataclass
@@ -97,7 +89,7 @@ def _append_choice(piece: Sample, choice: RecordedChoice) -> None:
     ids, versions = choice.output_ids, choice.weight_versions
     for end in range(1, len(ids) + 1):
         if end == len(ids) or versions[end] != versions[start]:
-            piece.append_generated(ids[start:end], choice.logprobs[start:end], version_of(versions[start]))
+            piece.append_generated(ids[start:end], choice.logprobs[start:end], policy_version(versions[start]))
             start = end
     piece.status = Status.TRUNCATED if choice.finish_type == "length" else Status.COMPLETED
 

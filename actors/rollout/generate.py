@@ -7,30 +7,30 @@ logprobs and the policy version that produced them. When a weight update aborts 
 tokens generated so far are kept and the turn is resumed from them with the remaining budget —
 partial rollout; nothing restarts from scratch. Tool or environment output is appended with
 ``sample.append_observation(token_ids)`` (loss_mask 0). Text is never re-tokenized.
+
+Agents that speak HTTP instead (any OpenAI client) get a per-sample base URL,
+``ctx.openai_base_url(sample)``, on the router's HTTP front; the front records that session's
+turns token-exactly and ``await ctx.collect_trajectory(sample)`` returns them as Samples
+(``slime_async.trajectory``).
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from slime_async.actor import ActorRef
 from slime_async.engine_client import GenerateOutput, parse_generate_output
-from slime_async.sample import Sample, Status
+from slime_async.sample import Sample, Status, policy_version
+from slime_async.trajectory import to_samples
 
 MAX_RESUMES = 64  # a turn aborted this often is not making progress: fail it instead of looping
+TRAJECTORY_SESSION = "trajectory_session"  # sample.metadata key: the session openai_base_url opened
 
 
 class GenerationFailed(RuntimeError):
     pass
-
-
-def version_of(weight_version: str | None) -> int:
-    """The policy version an engine reports; SGLang starts at "default", which is version 0."""
-    try:
-        return int(weight_version)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0
 
 
 @dataclass
@@ -41,6 +41,47 @@ class GenerateContext:
     tokenizer: Any
     config: Any  # RolloutConfig
     vocab_size: int | None = None  # the model's (may exceed the tokenizer's, padded)
+    router_url: str | None = None  # the router's HTTP front, "http://127.0.0.1:PORT" (None: no front)
+
+    def openai_base_url(self, sample: Sample) -> str:
+        """An OpenAI ``base_url`` (``.../sessions/<id>/v1``) whose requests are this sample's:
+        routed to one engine and recorded for ``collect_trajectory``."""
+        return f"{self._front_url()}/sessions/{self.trajectory_session(sample)}/v1"
+
+    def trajectory_session(self, sample: Sample) -> str:
+        """The session id of the sample's trajectory (made on first use, kept in its metadata);
+        send it as ``X-Session-Id`` or use the ``/sessions/<id>/`` prefix for SGLang's /generate."""
+        session = sample.metadata.get(TRAJECTORY_SESSION)
+        if session is None:
+            # Unique per attempt: a retried group must not find the recording of a failed one.
+            session = f"{sample.session_id or 'sample'}-{sample.index}-{uuid.uuid4().hex[:8]}"
+            sample.metadata[TRAJECTORY_SESSION] = session
+        return session
+
+    async def collect_trajectory(self, sample: Sample) -> list[Sample]:
+        """The turns recorded under the sample's session, as training Samples (the session is
+        then forgotten). Model tokens are trainable with their logprobs and versions, the rest
+        (template glue, tool results, user turns) loss_mask 0. One Sample, ``sample`` itself,
+        unless a turn's prompt does not extend the previous turn's prompt + completion (a
+        template that re-renders history): then each such break starts another Sample."""
+        session = sample.metadata.pop(TRAJECTORY_SESSION, None)
+        if session is None:
+            raise GenerationFailed("collect_trajectory: this sample has no session; call ctx.openai_base_url(sample) "
+                                   "before running the agent")
+        try:
+            turns = await self.router.ask("take_trajectory", session)
+        except LookupError as error:
+            raise GenerationFailed(f"collect_trajectory: {error}") from None
+        pieces = to_samples(turns, sample)
+        for piece in pieces:
+            if self.tokenizer is not None:
+                piece.response = self.tokenizer.decode(piece.response_tokens, skip_special_tokens=True)
+        return pieces
+
+    def _front_url(self) -> str:
+        if not self.router_url:
+            raise GenerationFailed("this run's router has no HTTP front (ctx.router_url is None)")
+        return self.router_url.rstrip("/")
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
                        session_id: str | None = None) -> GenerateOutput:
@@ -74,7 +115,7 @@ class GenerateContext:
                 return "length"
             output = await self.generate(sample.tokens, {**sampling_params, "max_new_tokens": remaining},
                                          session_id=sample.session_id)
-            sample.append_generated(output.output_ids, output.logprobs, version_of(output.weight_version))
+            sample.append_generated(output.output_ids, output.logprobs, policy_version(output.weight_version))
             produced += len(output.output_ids)
             if output.finish_type != "abort":
                 return output.finish_type

@@ -32,6 +32,9 @@ import aiohttp
 
 from actors.router.config import RouterConfig
 from actors.router.engine_state import EngineState, Health, reported_load
+from actors.router.errors import NoEngineAvailable, RouterError
+from actors.router.http_front import HttpFront
+from actors.router.text_model import TextModel
 from actors.router.sessions import SessionTable
 from policies.routing import RoutingPolicy, choose_engine
 from slime_async.actor import Actor, Deferred
@@ -52,14 +55,6 @@ PauseMode = Literal["abort", "drain"]
 LOAD_DECAY = 0.7
 
 
-class RouterError(RuntimeError):
-    """A request the router could not serve; the message names the engines it tried."""
-
-
-class NoEngineAvailable(RouterError):
-    """No engine came up within ``--router-no-engine-timeout``."""
-
-
 class RouterActor(Actor):
     name = "router"
 
@@ -69,8 +64,11 @@ class RouterActor(Actor):
         engines: Sequence[str] = (),
         *,
         api_key: str | None = None,
+        model: TextModel | None = None,
         name: str | None = None,
     ):
+        """``model`` (tokenizer and chat template) turns on the HTTP front (http_front.py) at
+        ``--router-host``/``--router-port``; ``api_key`` is the engines' key."""
         config.validate()
         super().__init__(name)
         self.config = config
@@ -85,6 +83,7 @@ class RouterActor(Actor):
         self._pause_all = False  # a pause of every engine also holds engines that join meanwhile
         self._changed = asyncio.Event()
         self._http: aiohttp.ClientSession | None = None
+        self._front = HttpFront(config, model) if model is not None else None
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -94,8 +93,16 @@ class RouterActor(Actor):
         self.spawn(self._health_loop(), name=f"{self.name}:health")
         if self.config.router_load_interval > 0:
             self.spawn(self._load_loop(), name=f"{self.name}:loads")
+        if self._front is not None:
+            try:
+                await self._front.start(self.ref)
+            except BaseException:
+                await self._http.close()
+                raise
 
     async def on_stop(self) -> None:
+        if self._front is not None:
+            await self._front.stop()
         if self._http is not None:
             await self._http.close()
 
@@ -122,6 +129,21 @@ class RouterActor(Actor):
     def end_session(self, session_id: str) -> None:
         """Forget a finished session (its affinity is no longer worth anything)."""
         self._sessions.forget(session_id)
+        if self._front is not None:
+            self._front.recorder.forget(session_id)
+
+    # ----- handlers: the HTTP front ------------------------------------------------------------
+    def front_url(self) -> str | None:
+        """Base URL of the HTTP front (``http://host:port``), None when it is off."""
+        return self._front.url if self._front is not None else None
+
+    def take_trajectory(self, session_id: str) -> list:
+        """The recorded turns of a session (``slime_async.trajectory.RecordedTurn``); the session
+        is forgotten. Raises LookupError when nothing (or not everything) was kept."""
+        if self._front is None:
+            raise RuntimeError("router: the HTTP front is off, so nothing was recorded")
+        self._sessions.forget(session_id)
+        return self._front.recorder.take(session_id)
 
     # ----- handlers: weight sync -------------------------------------------------------------
     def pause(self, mode: PauseMode = "abort", urls: Sequence[str] | None = None) -> Deferred:
@@ -202,6 +224,8 @@ class RouterActor(Actor):
         out["router/retries"] = self._counters["retries"]
         out["router/engine_down_events"] = self._counters["engine_down"]
         out["router/prefix_cache_hit_rate"] = _ratio(cached, prompt)
+        if self._front is not None:
+            out.update(self._front.metrics())
         for key, count in self._counters.items():
             if key.startswith("reason:"):  # how requests were routed: affinity, placed, ...
                 out[f"router/routed_{key.removeprefix('reason:')}"] = count

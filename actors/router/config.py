@@ -1,4 +1,4 @@
-"""`--router-*` flags: how the router picks engines, checks their health and retries."""
+"""`--router-*` flags: how the router picks engines, checks their health and retries, and its HTTP front."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Literal
 from slime_async.config.flags import field_help as _help
 
 RouterPolicyName = Literal["sticky", "consistent_hash", "least_loaded", "round_robin"]
+ToolParserName = Literal["auto", "hermes", "llama3_json", "none"]
 
 
 @dataclass
@@ -38,6 +39,25 @@ class RouterConfig:
         "sessions remembered for affinity; the least recently used are forgotten beyond this"))
     router_abort_interval: float = field(default=0.5, metadata=_help(
         "pause(abort): seconds between repeated abort_all calls while requests still run"))
+    # --- the HTTP front (SGLang /generate, OpenAI /v1/*): served in every run
+    router_host: str = field(default="127.0.0.1", metadata=_help(
+        "address the router's HTTP front binds (SGLang /generate and the OpenAI API)"))
+    router_port: int = field(default=0, metadata=_help("port of the router's HTTP front; 0 = a free port"))
+    router_api_key: str | None = field(default=None, metadata=_help(
+        "key HTTP clients must send (Authorization: Bearer KEY); none = no check"))
+    router_served_model_name: str | None = field(default=None, metadata=_help(
+        "model name in /v1/models and answers (default: the model directory's name)"))
+    router_tool_parser: ToolParserName = field(default="auto", metadata=_help(
+        "how tool calls are parsed from completions: hermes (Qwen2.5/Qwen3 <tool_call>), llama3_json, none; "
+        "auto picks by the chat template and model type"))
+    router_chunk_tokens: int = field(default=16, metadata=_help(
+        "with text stop strings or a streaming client, generate in requests of this many tokens: a stop string "
+        "costs at most this many extra tokens, and stream chunks are this long"))
+    router_max_recorded_sessions: int = field(default=4096, metadata=_help(
+        "sessions whose turns the front records for trajectory capture; the least recently used are "
+        "forgotten beyond this (0 = record nothing)"))
+    router_max_recorded_turns: int = field(default=1024, metadata=_help(
+        "turns recorded per session; a longer trajectory fails when collected"))
 
     def validate(self) -> None:
         checks = [
@@ -52,10 +72,17 @@ class RouterConfig:
             (self.router_no_engine_timeout > 0, "--router-no-engine-timeout must be > 0"),
             (self.router_max_sessions >= 1, "--router-max-sessions must be >= 1"),
             (self.router_abort_interval > 0, "--router-abort-interval must be > 0"),
+            (0 <= self.router_port <= 65535, "--router-port must be in [0, 65535]"),
+            (self.router_chunk_tokens >= 1, "--router-chunk-tokens must be >= 1"),
+            (self.router_max_recorded_sessions >= 0, "--router-max-recorded-sessions must be >= 0"),
+            (self.router_max_recorded_turns >= 1, "--router-max-recorded-turns must be >= 1"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"{message} (got {self._value_for(message)})")
+        if self.router_tool_parser not in ("auto", "hermes", "llama3_json", "none"):
+            raise ValueError(f"--router-tool-parser must be auto, hermes, llama3_json or none, "
+                             f"got {self.router_tool_parser!r}")
         if self.router_policy not in ("sticky", "consistent_hash", "least_loaded", "round_robin"):
             raise ValueError(
                 f"--router-policy must be sticky, consistent_hash, least_loaded or round_robin, "

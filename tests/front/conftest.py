@@ -1,0 +1,191 @@
+"""Fixtures for the router's HTTP front: a tiny model with a tool-calling chat template, one real
+CPU engine shared by the module's tests, scriptable fake engines, and a router with its front."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from actors.engine.cpu.local import start_local_engine, stop_local_engine
+from actors.router import RouterActor, RouterConfig
+from actors.router.text_model import TextModel
+from slime_async.actor import ActorRef, spawn
+from slime_async.net import free_port
+from slime_async.tiny_model import build_tiny_model
+
+# Qwen2.5's layout in miniature: tools listed in the system turn, calls as hermes <tool_call>
+# blocks, tool results as a user turn in <tool_response>. The assistant's generation prompt is
+# the start of its rendered turn, so a turn the model ended with <|im_end|> re-renders as it was
+# generated — the property token-exact trajectory capture relies on.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' "
+    "+ (call['function']['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+ADD_TOOL = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+
+
+def with_tool_template(model_dir: Path) -> Path:
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = TOOL_CHAT_TEMPLATE
+    config_path.write_text(json.dumps(config))
+    template_file = model_dir / "chat_template.jinja"
+    if template_file.exists():
+        template_file.write_text(TOOL_CHAT_TEMPLATE)
+    return model_dir
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2 whose chat template renders tools (read-only)."""
+    return with_tool_template(build_tiny_model(tmp_path_factory.mktemp("front-tiny-qwen2"), arch="qwen2", seed=0))
+
+
+@pytest.fixture(scope="session")
+def text_model(chat_model_dir: Path) -> TextModel:
+    return TextModel.load(chat_model_dir)
+
+
+@pytest.fixture(scope="session")
+def cpu_engine(chat_model_dir: Path) -> Iterator[str]:
+    """One real CPU engine for the session's front tests (start-up costs seconds of imports)."""
+    log_path = Path(tempfile.mkdtemp(prefix="front-engine-")) / "engine.log"
+    process, url = start_local_engine(chat_model_dir, log_path, timeout=180)
+    try:
+        yield url
+    finally:
+        stop_local_engine(process)
+
+
+@pytest_asyncio.fixture
+async def start_front() -> AsyncIterator[Callable[..., Any]]:
+    """``ref, url = await start_front(engine_urls, model, **router_config)``; stopped after the test."""
+    refs: list[ActorRef] = []
+
+    async def start(urls: list[str], model: TextModel, **fields: Any) -> tuple[ActorRef, str]:
+        defaults = {"router_health_interval": 3600.0, "router_load_interval": 0.0}
+        ref = await spawn(RouterActor(RouterConfig(**(defaults | fields)), urls, model=model))
+        refs.append(ref)
+        return ref, await ref.ask("front_url")
+
+    yield start
+    for ref in refs:
+        await ref.stop()
+
+
+@dataclass
+class ScriptedEngine:
+    """A fake engine that answers the next scripted completion, ``max_new_tokens`` at a time.
+
+    Each script entry is a list of token ids; a request gets the next tokens of the current
+    entry (so chunked requests continue it) and finish ``stop`` once the entry is used up.
+    ``abort_after`` makes the next request end with finish ``abort`` after that many tokens and
+    then switches ``weight_version`` to ``version_after_abort``, as a weight sync would.
+    Logprob of a token at position p of its entry: -(p + 1) / 100.
+    """
+
+    script: list[list[int]] = field(default_factory=list)
+    weight_version: str = "0"
+    abort_after: int | None = None
+    version_after_abort: str = "1"
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    port: int = 0
+    _entry: int = 0
+    _emitted: int = 0
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/generate", self._generate)
+        app.router.add_get("/health_generate", self._health)
+        app.router.add_get("/get_model_info", self._model_info)
+        app.router.add_get("/model_info", self._model_info)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _model_info(self, _request: web.Request) -> web.Response:
+        return _json({"weight_version": self.weight_version})
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        self.requests.append(body)
+        entry = self.script[self._entry]
+        budget = body["sampling_params"].get("max_new_tokens")
+        budget = len(entry) if budget is None else budget
+        take = min(budget, len(entry) - self._emitted)
+        finish: dict[str, Any] = {"type": "length", "length": budget}
+        version = self.weight_version
+        if self.abort_after is not None:
+            take, finish = min(take, self.abort_after), {"type": "abort", "message": "weight sync"}
+            self.abort_after, self.weight_version = None, self.version_after_abort
+        start = self._emitted
+        ids = entry[start:start + take]
+        self._emitted += take
+        if finish["type"] != "abort" and self._emitted == len(entry):
+            finish = {"type": "stop", "matched": entry[-1]}
+            self._entry, self._emitted = min(self._entry + 1, len(self.script) - 1), 0
+        logprobs = [[-(start + i + 1) / 100, t, None] for i, t in enumerate(ids)]
+        return _json({"output_ids": ids, "meta_info": {
+            "finish_reason": finish, "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(ids),
+            "cached_tokens": 0, "weight_version": version, "output_token_logprobs": logprobs}})
+
+
+def _json(payload: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+
+@pytest_asyncio.fixture
+async def scripted_engine() -> AsyncIterator[ScriptedEngine]:
+    engine = ScriptedEngine()
+    await engine.start()
+    yield engine
+    await engine.stop()

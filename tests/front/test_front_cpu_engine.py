@@ -1,0 +1,144 @@
+"""The HTTP front over a real CPU engine, driven by the stock ``openai`` client and by plain HTTP
+as slime's plug-ins use SGLang's /generate; and the standalone ``slime-async router`` command."""
+
+import re
+import subprocess
+import sys
+import time
+
+import aiohttp
+import openai
+import pytest
+
+from actors.router.completion import find_stop
+from slime_async.engine_client import EngineClient
+from tests.front.conftest import ADD_TOOL
+
+QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+async def test_chat_answers_with_exactly_the_engines_tokens_and_logprobs(cpu_engine, start_front, text_model):
+    _, url = await start_front([cpu_engine], text_model)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused")
+    answer = await client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=12, temperature=0,
+                                                  logprobs=True)
+    choice = answer.choices[0]
+    prompt = answer.model_extra["prompt_token_ids"]
+    assert prompt == text_model.encode(text_model.render_chat(QUESTION))
+    async with EngineClient(cpu_engine) as engine:
+        direct = await engine.generate(prompt, {"temperature": 0.0, "max_new_tokens": 12})
+    engine_ids = [entry[1] for entry in direct["meta_info"]["output_token_logprobs"]]
+    engine_logprobs = [entry[0] for entry in direct["meta_info"]["output_token_logprobs"]]
+    assert choice.model_extra["token_ids"] == engine_ids
+    assert choice.model_extra["token_logprobs"] == pytest.approx(engine_logprobs, abs=1e-5)
+    assert [entry.logprob for entry in choice.logprobs.content] == pytest.approx(engine_logprobs, abs=1e-5)
+    assert choice.message.content == text_model.decode(engine_ids) or choice.finish_reason == "stop"
+    assert answer.usage.prompt_tokens == len(prompt) and answer.usage.completion_tokens == len(engine_ids)
+    assert answer.model_extra["weight_version"] == direct["meta_info"]["weight_version"]
+
+
+async def test_chat_with_tools_renders_them_through_the_template(cpu_engine, start_front, text_model):
+    _, url = await start_front([cpu_engine], text_model)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused")
+    answer = await client.chat.completions.create(model="tiny", messages=QUESTION, tools=[ADD_TOOL], max_tokens=8,
+                                                  n=2)
+    prompt_text = text_model.decode(answer.model_extra["prompt_token_ids"], skip_special_tokens=False)
+    assert prompt_text.startswith("<|im_start|>system\n# Tools\n<tools>\n") and '"name": "add"' in prompt_text
+    assert len(answer.choices) == 2
+    for choice in answer.choices:  # a random model writes no call: its text is the content
+        assert choice.finish_reason in ("stop", "length") and isinstance(choice.message.content, str)
+
+
+async def test_streamed_chat_deltas_add_up_to_the_tokens_generated(cpu_engine, start_front, text_model):
+    _, url = await start_front([cpu_engine], text_model, router_chunk_tokens=4)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused")
+    stream = await client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=10, stream=True,
+                                                  stream_options={"include_usage": True},
+                                                  extra_body={"ignore_eos": True})
+    chunks = [chunk async for chunk in stream]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    ids = [t for c in chunks if c.choices for t in (c.choices[0].model_extra or {}).get("token_ids") or []]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(ids) == 10 and content == text_model.decode(ids) and finishes == ["length"]
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 2  # several 4-token chunks
+    assert chunks[-1].usage.completion_tokens == 10
+
+
+async def test_generate_answers_text_prompts_in_sglangs_format(cpu_engine, start_front, text_model):
+    _, url = await start_front([cpu_engine], text_model)
+    async with aiohttp.ClientSession() as http:
+        body = {"text": "1+2=", "sampling_params": {"max_new_tokens": 6, "temperature": 0}, "return_logprob": True}
+        async with http.post(url + "/generate", json=body) as response:
+            answer = await response.json()
+    meta = answer["meta_info"]
+    assert meta["prompt_tokens"] == len(text_model.encode_prompt("1+2="))
+    assert [entry[1] for entry in meta["output_token_logprobs"]] == answer["output_ids"]
+    assert answer["text"] == text_model.decode(answer["output_ids"]) or meta["finish_reason"]["type"] == "stop"
+    assert meta["completion_tokens"] == len(answer["output_ids"]) and meta["weight_version"] is not None
+
+
+async def test_generate_honours_a_text_stop_string_with_and_without_no_stop_trim(cpu_engine, start_front, text_model):
+    _, url = await start_front([cpu_engine], text_model)
+    params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    async with aiohttp.ClientSession() as http:
+        async def generate(**extra):
+            body = {"text": "Using the numbers", "sampling_params": params | extra, "return_logprob": True}
+            async with http.post(url + "/generate", json=body) as response:
+                assert response.status == 200, await response.text()
+                return await response.json()
+
+        reference = await generate()
+        ids = reference["output_ids"]
+        stop, expected_cut = _stop_completing_mid_answer(ids, text_model.decode)
+        kept = await generate(stop=stop, no_stop_trim=True)
+        trimmed = await generate(stop=[stop])
+    for answer in (kept, trimmed):
+        assert answer["output_ids"] == ids[:expected_cut]
+        assert answer["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    full = text_model.decode(ids[:expected_cut])
+    assert kept["text"] == full and stop in kept["text"]
+    assert trimmed["text"] == full[:full.find(stop)]
+
+
+async def test_completions_and_models(cpu_engine, start_front, text_model):
+    _, url = await start_front([cpu_engine], text_model, router_served_model_name="tiny-qwen")
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused")
+    assert [m.id for m in (await client.models.list()).data] == ["tiny-qwen"]
+    answer = await client.completions.create(model="tiny-qwen", prompt=["1+1=", "2+2="], max_tokens=4, n=2,
+                                             logprobs=0)
+    assert len(answer.choices) == 4 and answer.model == "tiny-qwen"
+    for choice in answer.choices:
+        assert len(choice.logprobs.token_logprobs) == len(choice.model_extra["token_ids"]) <= 4
+
+
+def _stop_completing_mid_answer(ids, decode):
+    """A two-character stop string whose first occurrence in ``decode(ids)`` is completed by a
+    token in the middle of the answer, and that token's position + 1."""
+    for k in range(4, len(ids)):
+        stop = decode(ids[:k])[-2:]
+        if len(stop.strip()) == 2 and find_stop(ids, decode, [stop]) == (k, stop):
+            return stop, k
+    raise AssertionError("no usable stop string in the reference answer")
+
+
+def test_the_standalone_router_command_serves_the_openai_client(cpu_engine, chat_model_dir):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "slime_async.cli", "router", "--engine-url", cpu_engine,
+         "--model-path", str(chat_model_dir), "--port", "0", "--api-key", "k"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url, deadline, seen = None, time.monotonic() + 120, []
+        while url is None and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line and process.poll() is not None:
+                break
+            seen.append(line)
+            match = re.search(r"router listening on (http://\S+)", line)
+            url = match.group(1) if match else None
+        assert url is not None, "".join(seen)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k")
+        answer = client.chat.completions.create(model=chat_model_dir.name, messages=QUESTION, max_tokens=4)
+        assert answer.choices[0].finish_reason in ("stop", "length") and answer.model == chat_model_dir.name
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) in (0, 128 + 15, -15)
