@@ -59,7 +59,7 @@ def build_train_batch(
         ref_logprobs=ref_logprobs,
         temperature=temperature,
     )
-    return batch, staleness_metrics(samples, train_version)
+    return batch, staleness_metrics(samples, train_version) | trajectory_metrics(samples)
 
 
 def needs_reference(spec: LossSpec) -> bool:
@@ -73,6 +73,15 @@ async def reference_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample
     rows = await trainer.ask("compute_logprobs", batch_from_samples(samples, temperature=temperature), model="ref",
                              timeout=None)
     return [list(row.logprobs) for row in rows]
+
+
+def trajectory_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+    """``rollout/trajectory_splits``: captured trajectories trained as more than one sample (a turn
+    whose prompt did not extend the turn before), counted as the extra pieces in this batch."""
+    captured = [s for s in samples if "trajectory_parts" in s.metadata]
+    if not captured:
+        return {}
+    return {"rollout/trajectory_splits": float(sum(s.metadata.get("trajectory_part", 0) > 0 for s in captured))}
 
 
 def staleness_metrics(samples: Sequence[Sample], train_version: int) -> dict[str, float]:

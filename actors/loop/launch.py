@@ -3,7 +3,7 @@
     slime-async (root, one_for_one, no restarts: a failure ends this attempt with its reason; a run
                  that has trained then restarts whole from its latest checkpoint, --max-run-restarts)
     ├── engines (supervisor, one_for_one, --supervisor-max-restarts): engine-0 … engine-N
-    ├── router ── monitor ── buffer
+    ├── router (also the HTTP front: SGLang /generate + OpenAI API at --router-port) ── monitor ── buffer
     ├── trainer (torchrun group of Megatron ranks, driven over torch.distributed.rpc)
     └── rollout (producer of scored groups)
 """
@@ -28,6 +28,7 @@ from actors.monitor import MonitorActor
 from actors.rollout.actor import RolloutActor
 from actors.rollout.data import PromptDataset, eval_datasets, prompt_dataset
 from actors.router.actor import RouterActor
+from actors.router.text_model import TextModel
 from actors.trainer.actor import TrainerActor
 from slime_async.actor import spawn
 from slime_async.compat.slime.args import flatten_config
@@ -113,7 +114,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             "engines", fleet.children, max_restarts=config.cluster.supervisor_max_restarts,
             max_seconds=config.cluster.supervisor_max_seconds))),
         ChildSpec("router", lambda: spawn(RouterActor(_router_config(config), fleet.urls,
-                                                      api_key=config.engine.engine_api_key))),
+                                                      api_key=config.engine.engine_api_key,
+                                                      model=_text_model(config, tokenizer)))),
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps,
                                                         resume_step=_resume_step(config, restarts)))),
         # The staleness rule counts groups per *version*: a sync every N steps consumes N steps' groups.
@@ -127,9 +129,16 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     ]
     if not config.train.debug_rollout_only:
         specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), logs))))
-    specs.append(ChildSpec("rollout", lambda: spawn(RolloutActor(
-        r, router=child("router"), buffer=child("buffer"), dataset=dataset, tokenizer=tokenizer,
-        vocab_size=_vocab_size(config), plugin_settings=flatten_config(config)))))
+
+    async def start_rollout():
+        rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
+                               tokenizer=tokenizer, vocab_size=_vocab_size(config),
+                               plugin_settings=flatten_config(config))
+        # Hooks reach the router's HTTP front here (OpenAI-client agents, slime-style plug-ins).
+        rollout.ctx.router_url = await child("router").ask("front_url")
+        return await spawn(rollout)
+
+    specs.append(ChildSpec("rollout", start_rollout))
     root = Supervisor("slime-async", specs, max_restarts=0, max_seconds=1)
 
     async def main(_root: Supervisor) -> int:
@@ -161,6 +170,13 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
 
     return await run_supervised(root, main)
 
+
+
+def _text_model(config: RunConfig, tokenizer) -> TextModel:
+    """What the router's HTTP front needs of the model: tokenizer, chat template, context."""
+    return TextModel.load(config.trainer.hf_checkpoint, tokenizer=tokenizer,
+                          served_name=config.router.router_served_model_name,
+                          tool_parser=config.router.router_tool_parser)
 
 
 def _router_config(config: RunConfig):
