@@ -123,5 +123,6 @@ async def _evaluate(h: Handles, step: int) -> None:
     except Exception as error:  # noqa: BLE001 - a failed evaluation is reported, training goes on
         log.error("eval at step %d failed: %s", step, error)
         return
-    log.info("eval at step %d: reward %.3f", step, metrics.get("eval/reward_mean", float("nan")))
+    rewards = ", ".join(f"{key} {value:.3f}" for key, value in metrics.items() if key.endswith("/reward_mean"))
+    log.info("eval at step %d: %s", step, rewards or "no samples")
     h.monitor.tell("log", step, metrics)

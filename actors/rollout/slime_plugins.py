@@ -113,7 +113,9 @@ class SlimePlugins:
             address, unavailable = _router_address(getattr(self.ctx, "router_url", None))
             values.update(address)
             services = CompatServices(tokenizer=self.ctx.tokenizer, builtin_reward=builtin_reward)
-            self._args = SlimeArgs(values, unavailable=unavailable, services=services)
+            missing = ("slime-async has no such setting" if self._run_settings is not None else
+                       "not among the rollout section's settings (this rollout was not given the whole run config)")
+            self._args = SlimeArgs(values, unavailable=unavailable, services=services, missing=missing)
         return self._args
 
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ def tokenizer():
 
 
 class StandInFront:
-    """SGLang's native ``POST /generate`` with ``text`` input, answered from a script.
+    """SGLang's native ``POST /generate`` (``text`` or ``input_ids``), answered from a script.
 
     Each answer is ``(finish_type, text)``: the text is tokenized to the output ids (cut to
     ``max_new_tokens``), with logprob ``-0.1 * (k + 1)`` for the k-th token and weight version 2.
@@ -35,8 +35,12 @@ class StandInFront:
     async def generate(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append(body)
-        if not isinstance(body.get("text"), str) or not body.get("return_logprob"):
-            return web.json_response({"error": {"message": "expected text and return_logprob"}}, status=400)
+        text_in, ids_in = body.get("text"), body.get("input_ids")
+        if not (isinstance(text_in, str) or isinstance(ids_in, list)) or not body.get("return_logprob"):
+            return web.json_response({"error": {"message": "expected text or input_ids, and return_logprob"}},
+                                     status=400)
+        prompt_ids = ids_in if ids_in is not None else self.tokenizer(text_in, add_special_tokens=False)["input_ids"]
+        prompt_tokens = len(prompt_ids)
         finish, text = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][: body["sampling_params"]["max_new_tokens"]]
         return web.json_response({
@@ -46,7 +50,7 @@ class StandInFront:
                 "output_token_logprobs": [[-0.1 * (k + 1), t, None] for k, t in enumerate(ids)],
                 "finish_reason": {"type": finish},
                 "weight_version": "2",
-                "prompt_tokens": len(self.tokenizer(body["text"], add_special_tokens=False)["input_ids"]),
+                "prompt_tokens": prompt_tokens,
             },
         })
 

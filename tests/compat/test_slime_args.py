@@ -82,3 +82,9 @@ async def test_async_rm_without_a_run_says_what_is_missing():
     args = argparse.Namespace(custom_rm_path=None, rm_type="math")
     with pytest.raises(RuntimeError, match="need the args of a slime-async run"):
         await async_rm(args, Sample(prompt="p"))
+
+
+def test_a_name_outside_the_rollout_section_says_the_run_config_was_not_given():
+    args = SlimePlugins(RolloutConfig(), Ctx()).args
+    with pytest.raises(AttributeError, match="args.max_tokens_per_gpu: not among the rollout section's settings"):
+        args.max_tokens_per_gpu

@@ -20,11 +20,12 @@ SERVICES_ATTR = "_slime_async_services"  # where the adapter's CompatServices si
 class SlimeArgs:
     """Attribute access over a frozen mapping of slime argument names."""
 
-    __slots__ = ("_values", "_unavailable", "_services")
+    __slots__ = ("_values", "_unavailable", "_services", "_missing")
 
     def __init__(self, values: Mapping[str, Any], *, unavailable: Mapping[str, str] | None = None,
-                 services: Any = None):
+                 services: Any = None, missing: str = "slime-async has no such setting"):
         object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_missing", missing)  # what an unknown name means for this args
         # name -> why it has no value in this run (e.g. no router HTTP front): raised on access.
         object.__setattr__(self, "_unavailable", dict(unavailable or {}))
         object.__setattr__(self, "_services", services)
@@ -39,7 +40,7 @@ class SlimeArgs:
             raise AttributeError(f"args.{name}: {self._unavailable[name]}")
         close = difflib.get_close_matches(name, list(values), n=3, cutoff=0.7)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise AttributeError(f"args.{name}: slime-async has no such setting{hint}")
+        raise AttributeError(f"args.{name}: {self._missing}{hint}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         # One args object serves every hook call of a run: a write would leak between samples
