@@ -294,7 +294,10 @@ async def test_failed_update_with_other_shapes_keeps_the_old_weights(client, mis
     assert info.value.status == 400
     after = await generate(client, PROMPT, **GREEDY)
     assert after.output_ids == before.output_ids
-    assert after.logprobs == before.logprobs
+    # Not bit-equal: the second request may reuse the first one's prefix cache, and a prefill
+    # over cached KV rounds differently from a fresh one on some CPUs (seen: 5e-7). Other
+    # weights would move the logprobs by orders of magnitude more.
+    assert after.logprobs == pytest.approx(before.logprobs, abs=1e-5)
     assert after.weight_version != "never"
 
 
