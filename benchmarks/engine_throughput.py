@@ -6,6 +6,7 @@ concurrent requests reach at least 4x the tokens/s of one at a time.
 
     .venv/bin/python benchmarks/engine_throughput.py
     .venv/bin/python benchmarks/engine_throughput.py --concurrency 1 4 16 --max-new-tokens 32
+    .venv/bin/python benchmarks/engine_throughput.py --model runs/smollm2_math/model --threads 2   # a real model
 
 GPU host: `--url URL --compare-native` sends the same prompts once as concurrent single
 requests through our client and once as SGLang's own batch `/generate` (one request with a
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import statistics
 import sys
@@ -45,9 +47,14 @@ class Row:
         return self.tokens / self.seconds
 
 
+def model_vocab_size(model_dir: Path) -> int:
+    """The vocabulary of an HF model dir, from its config.json."""
+    return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+
+
 def make_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    # Skip the low ids where the tiny tokenizer keeps its special tokens.
+    # Skip the low ids where tokenizers keep their special tokens (the tiny one's and SmolLM2's).
     return [[rng.randrange(16, vocab) for _ in range(length)] for _ in range(count)]
 
 
@@ -135,6 +142,8 @@ async def main_async(args: argparse.Namespace) -> None:
             from slime_async.tiny_model import build_tiny_model
 
             model_dir = Path(args.model_path) if args.model_path else build_tiny_model(Path(tmp) / "model")
+            if vocab is None and args.model_path:
+                vocab = model_vocab_size(model_dir)
             try:
                 engine, url = start_local_engine(model_dir, Path(tmp) / "engine.log", "--max-running-requests",
                                                  str(args.max_running_requests), "--num-threads", str(args.threads))
@@ -145,7 +154,9 @@ async def main_async(args: argparse.Namespace) -> None:
                 await wait_healthy(client)
                 if vocab is None:
                     vocab = 32000 if args.url else 512
-                print(f"engine {url}; prompt {args.prompt_len} tokens, {args.max_new_tokens} new tokens per request\n")
+                model = f"model {args.model_path}" if args.model_path else ("" if args.url else "tiny model")
+                print(f"engine {url} {model} ({args.threads} torch threads); prompt {args.prompt_len} tokens "
+                      f"(ids < {vocab}), {args.max_new_tokens} new tokens per request\n")
                 if args.compare_native:
                     await compare_native(client, args, vocab)
                 else:
@@ -159,7 +170,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="an already-running engine (SGLang or CPU); default: start a CPU engine")
     parser.add_argument("--api-key")
-    parser.add_argument("--model-path", help="HF dir for the CPU engine; default: a tiny model built here")
+    parser.add_argument("--model-path", "--model", dest="model_path",
+                        help="HF dir for the CPU engine (prompt ids are then drawn below its vocab_size); "
+                        "default: a tiny model built here")
     parser.add_argument("--compare-native", action="store_true",
                         help="client concurrent singles vs one native batch /generate")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
@@ -169,7 +182,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--vocab-size", type=int, help="prompt ids are drawn below this; default 512 (tiny) / 32000")
+    parser.add_argument("--vocab-size", type=int,
+                        help="prompt ids are drawn below this; "
+                        "default: --model's vocab_size, 512 (tiny) or 32000 (--url)")
     parser.add_argument("--max-running-requests", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the CPU engine")
     asyncio.run(main_async(parser.parse_args()))
