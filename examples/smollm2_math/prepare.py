@@ -28,13 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import task  # noqa: E402
 
-# The GGUF file's tokenizer metadata names <|im_start|> as EOS; the model ends its turns with
-# <|im_end|> (the config's eos_token_id 2), as the upstream SmolLM2 tokenizer says. A wrong EOS
-# would make anything that appends or stops on the tokenizer's EOS (SFT targets, some engines)
-# use the turn-opening token. The upstream tokenizer also keeps clean_up_tokenization_spaces off
-# (transformers ignores it for BPE tokenizers and warns about it in every process).
-TOKENIZER_FIXES = {"eos_token": "<|im_end|>", "pad_token": "<|im_end|>", "clean_up_tokenization_spaces": False}
-
 
 class PrepareError(Exception):
     """Something the user must fix; the message is the whole story."""
@@ -67,12 +60,7 @@ def write_model(out: Path, dtype: str) -> Path:
         if not path.is_file():
             continue
         target = partial / path.name
-        if path.name == "tokenizer_config.json":
-            config = json.loads(path.read_text())
-            config.update(TOKENIZER_FIXES)
-            config.pop("eos_token_id", None)  # derived from eos_token on load
-            target.write_text(json.dumps(config, indent=2) + "\n")
-        elif path.suffix == ".safetensors":
+        if path.suffix == ".safetensors":
             try:
                 os.link(path, target)  # 540 MB in fp32: share the cache's file rather than copy it
             except OSError:
