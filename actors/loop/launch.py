@@ -41,7 +41,8 @@ log = logging.getLogger("slime_async")
 
 
 def run_train(config: RunConfig) -> int:
-    run_dir = Path(config.cluster.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    # Absolute: the trainer's torchrun and the engines run in other directories than the user's.
+    run_dir = Path(config.cluster.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=config.cluster.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print_config(config)

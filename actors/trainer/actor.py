@@ -92,8 +92,9 @@ class TrainerActor(Actor):
 
     # ----- lifecycle -------------------------------------------------------------------------
     def _spec(self, rpc_port: int) -> ProcessSpec:
-        config_path = self.log_dir / f"{self.name}_config.json"
-        config_path.write_text(self.config.to_json())
+        # torchrun runs in the repository root, not the user's directory: every path it gets is absolute.
+        config_path = (self.log_dir / f"{self.name}_config.json").resolve()
+        config_path.write_text(self.config.with_absolute_paths().to_json())
         argv = [
             sys.executable, "-m", "torch.distributed.run",
             "--nnodes", str(self.config.actor_num_nodes),

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 
@@ -90,6 +91,12 @@ class TrainerConfig:
     def num_ranks(self, cuda: bool) -> int:
         """Training ranks per node: GPUs with CUDA, processes without."""
         return self.actor_num_gpus_per_node if cuda else self.actor_num_procs
+
+    def with_absolute_paths(self) -> TrainerConfig:
+        """This config with its checkpoint paths resolved against the current directory."""
+        absolute = {name: str(Path(value).resolve()) for name in ("hf_checkpoint", "ref_load")
+                    if (value := getattr(self, name))}
+        return replace(self, **absolute)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), default=_json_default)
