@@ -108,8 +108,9 @@ class HttpFront:
         openai = "/v1/" in request.path
         self._counters["requests"] += 1
         key = self.config.router_api_key
-        given = request.headers.get("Authorization", "")
-        if key and request.path not in OPEN_PATHS and not secrets.compare_digest(given, f"Bearer {key}"):
+        # Compared as bytes: compare_digest refuses non-ASCII str, which would answer 500, not 401.
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if key and request.path not in OPEN_PATHS and not secrets.compare_digest(given, f"Bearer {key}".encode()):
             self._counters["errors"] += 1
             return _error(openai, 401, "invalid or missing API key (Authorization: Bearer ...)",
                           "authentication_error", code="invalid_api_key")

@@ -2,6 +2,7 @@
 (tool calls, weight-sync aborts, stop strings), errors in each API's format, the API key, and
 token-exact trajectory capture of an OpenAI-client agent with a tool."""
 
+import asyncio
 import json
 
 import aiohttp
@@ -136,3 +137,12 @@ def _sample():
     from slime_async.sample import Sample
 
     return Sample(group_index=0, index=0, prompt="What is 2 + 3?", tokens=[1], session_id="group-0")
+
+
+async def test_a_non_ascii_authorization_header_is_refused_with_401(scripted_engine, start_front, text_model):
+    _, url = await start_front([scripted_engine.url], text_model, router_api_key="sesame")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/v1/models", headers={"Authorization": "Bearer sésame"}) as response:
+            assert response.status == 401
+            assert (await response.json())["error"]["code"] == "invalid_api_key"
+
