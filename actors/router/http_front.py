@@ -14,6 +14,7 @@ trajectory capture. A request without one gets a private session for its own chu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -161,7 +162,7 @@ class HttpFront:
         try:
             if stream:
                 return await self._stream_generate(request, session, items[0], texts, prompts)
-            completions = await asyncio.gather(*(self._complete(session, item.spec) for item in items))
+            completions = await self._complete_all(session, [item.spec for item in items])
         finally:
             self._end(session)
         self._record_items(session, items, completions, texts, prompts)
@@ -174,9 +175,10 @@ class HttpFront:
         response = await _sse(request)
         completion = None
         try:
-            async for _, completion, final in self._events(session, [item.spec]):
-                text = self._text(completion, item.spec) if final else self._decode(completion, item.spec)
-                await _send(response, generate_response(item, completion, text, final=final))
+            async with contextlib.aclosing(self._events(session, [item.spec])) as events:
+                async for _, completion, final in events:
+                    text = self._text(completion, item.spec) if final else self._decode(completion, item.spec)
+                    await _send(response, generate_response(item, completion, text, final=final))
         except Exception as error:  # noqa: BLE001 - the status is sent already: report in the stream
             status, _, _ = _classify(error)
             await _send(response, {"error": {"message": str(error), "code": status}})
@@ -201,7 +203,7 @@ class HttpFront:
             if chat.sampling.stream:
                 response, choices = await self._stream_chat(request, session, specs, chat, request_id, prompt)
             else:
-                completions = await asyncio.gather(*(self._complete(session, spec) for spec in specs))
+                completions = await self._complete_all(session, specs)
                 choices = [self._choice(c, spec, chat.parse_tools, chat.sampling.logprobs)
                            for c, spec in zip(completions, specs)]
         finally:
@@ -224,24 +226,27 @@ class HttpFront:
         for index in range(len(specs)):
             await _send(response, chat_chunk(request_id, name, index, first) | {"prompt_token_ids": prompt})
         try:
-            async for index, completion, final in self._events(session, specs):
-                spec = specs[index]
-                if chat.parse_tools and not final:
-                    continue  # a tool call is only known whole: sent with the last chunk
-                choice = self._choice(completion, spec, chat.parse_tools, logprobs)
-                if chat.parse_tools:
-                    delta: dict[str, Any] = {"content": choice.text} if choice.text else {}
-                    if choice.tool_calls:
-                        delta["tool_calls"] = [call.to_openai(index=k) for k, call in enumerate(choice.tool_calls)]
-                else:
-                    text = choice.text if final else self._decode(completion, spec)
-                    delta = {"content": streams[index].delta(text, final)}
-                tokens = (sent[index], len(completion.output_ids))
-                sent[index] = tokens[1]
-                await _send(response, chat_chunk(request_id, name, index, delta, choice=choice, tokens=tokens,
-                                                 logprobs=logprobs, finish=finish_reason(choice) if final else None))
-                if final:
-                    done[index] = choice
+            async with contextlib.aclosing(self._events(session, specs)) as events:
+                async for index, completion, final in events:
+                    spec = specs[index]
+                    if chat.parse_tools and not final:
+                        continue  # a tool call is only known whole: sent with the last chunk
+                    choice = self._choice(completion, spec, chat.parse_tools, logprobs)
+                    if chat.parse_tools:
+                        delta: dict[str, Any] = {"content": choice.text} if choice.text else {}
+                        if choice.tool_calls:
+                            delta["tool_calls"] = [call.to_openai(index=k)
+                                                   for k, call in enumerate(choice.tool_calls)]
+                    else:
+                        text = choice.text if final else self._decode(completion, spec)
+                        delta = {"content": streams[index].delta(text, final)}
+                    tokens = (sent[index], len(completion.output_ids))
+                    sent[index] = tokens[1]
+                    finish = finish_reason(choice) if final else None
+                    await _send(response, chat_chunk(request_id, name, index, delta, choice=choice, tokens=tokens,
+                                                     logprobs=logprobs, finish=finish))
+                    if final:
+                        done[index] = choice
         except Exception as error:  # noqa: BLE001
             await _send(response, self._stream_error(error))
             await response.write(b"data: [DONE]\n\n")
@@ -274,7 +279,7 @@ class HttpFront:
                 response, completions = await self._stream_completions(request, session, specs, parsed, request_id,
                                                                        prompts)
             else:
-                completions = await asyncio.gather(*(self._complete(session, spec) for spec in specs))
+                completions = await self._complete_all(session, specs)
         finally:
             self._end(session)
         for p, ids in enumerate(prompts):
@@ -297,16 +302,17 @@ class HttpFront:
         sent = [0] * len(specs)
         done: dict[int, ChoiceOut] = {}
         try:
-            async for index, completion, final in self._events(session, specs):
-                choice = self._choice(completion, specs[index], False, sampling.logprobs)
-                text = choice.text if final else self._decode(completion, specs[index])
-                tokens = (sent[index], len(completion.output_ids))
-                sent[index] = tokens[1]
-                await _send(response, completions_chunk(
-                    request_id, name, index, streams[index].delta(text, final), choice=choice, tokens=tokens,
-                    logprobs=sampling.logprobs, finish=finish_reason(choice) if final else None))
-                if final:
-                    done[index] = choice
+            async with contextlib.aclosing(self._events(session, specs)) as events:
+                async for index, completion, final in events:
+                    choice = self._choice(completion, specs[index], False, sampling.logprobs)
+                    text = choice.text if final else self._decode(completion, specs[index])
+                    tokens = (sent[index], len(completion.output_ids))
+                    sent[index] = tokens[1]
+                    await _send(response, completions_chunk(
+                        request_id, name, index, streams[index].delta(text, final), choice=choice, tokens=tokens,
+                        logprobs=sampling.logprobs, finish=finish_reason(choice) if final else None))
+                    if final:
+                        done[index] = choice
         except Exception as error:  # noqa: BLE001
             await _send(response, self._stream_error(error))
             await response.write(b"data: [DONE]\n\n")
@@ -334,6 +340,18 @@ class HttpFront:
 
         decode = lambda ids: self.model.decode(ids, spec.skip_special_tokens)  # noqa: E731
         return await complete(send, spec, decode, self.model.context_len, on_progress)
+
+    async def _complete_all(self, session: _Session, specs: list[CompletionSpec]) -> list[Completion]:
+        """The completions of one request; when one fails the others are cancelled (a bare
+        gather would leave them generating for an answer nobody reads)."""
+        tasks = [asyncio.ensure_future(self._complete(session, spec)) for spec in specs]
+        try:
+            return await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     async def _events(self, session: _Session, specs: list[CompletionSpec]
                       ) -> AsyncIterator[tuple[int, Completion, bool]]:

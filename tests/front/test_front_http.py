@@ -146,3 +146,26 @@ async def test_a_non_ascii_authorization_header_is_refused_with_401(scripted_eng
             assert response.status == 401
             assert (await response.json())["error"]["code"] == "invalid_api_key"
 
+
+async def test_when_one_choice_fails_the_other_choices_are_cancelled(text_model):
+    from actors.router.completion import CompletionSpec
+    from actors.router.config import RouterConfig
+    from actors.router.http_front import HttpFront, _Session
+
+    front = HttpFront(RouterConfig(), text_model)
+    cancelled = []
+
+    async def fake_complete(session, spec, on_progress=None):
+        if spec.prompt_ids == [1]:
+            raise RuntimeError("engine gone")
+        try:
+            await asyncio.Event().wait()  # would generate for an answer nobody reads
+        except asyncio.CancelledError:
+            cancelled.append(spec.prompt_ids)
+            raise
+
+    front._complete = fake_complete
+    specs = [CompletionSpec([2], {}, 4), CompletionSpec([1], {}, 4), CompletionSpec([3], {}, 4)]
+    with pytest.raises(RuntimeError, match="engine gone"):
+        await front._complete_all(_Session("s", recorded=False), specs)
+    assert sorted(cancelled) == [[2], [3]]
