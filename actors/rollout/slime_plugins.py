@@ -23,6 +23,7 @@ slime derives.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import logging
@@ -181,7 +182,11 @@ class SlimePlugins:
             return fn
 
         async def slime_rm(ctx: Any, sample_or_samples: Any) -> Any:
-            return await _resolve(fn(self.args, sample_or_samples))
+            if inspect.iscoroutinefunction(fn):
+                return await fn(self.args, sample_or_samples)
+            # A sync reward runs in a thread, as the built-ins do: on the event loop it would stall
+            # every actor and --reward-timeout could not interrupt it.
+            return await _resolve(await asyncio.to_thread(fn, self.args, sample_or_samples))
 
         return slime_rm
 

@@ -9,6 +9,7 @@ and tests/e2e/test_slime_plugin_run.py (a real training run).
 """
 
 import re
+import time
 
 from slime_async.compat.slime.rollout.sglang_rollout import GenerateState
 from slime_async.compat.slime.utils.http_utils import post
@@ -71,3 +72,9 @@ async def rm(args, sample: Sample, **kwargs) -> float:
         raise TypeError("Sample must be an instance of Sample class.")
     model_text = re.sub(r"<calc>.*?</calc>", "", sample.response, flags=re.DOTALL)
     return sum(c.isdigit() for c in model_text) / max(1, len(model_text))
+
+
+def slow_rm(args, sample):
+    """A slime-style synchronous reward that takes too long (the timeout test)."""
+    time.sleep(1.0)
+    return 1.0
