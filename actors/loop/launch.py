@@ -137,6 +137,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
                                plugin_settings=flatten_config(config))
         # Hooks reach the router's HTTP front here (OpenAI-client agents, slime-style plug-ins).
         rollout.ctx.router_url = await child("router").ask("front_url")
+        rollout.ctx.router_api_key = config.router.router_api_key
         return await spawn(rollout)
 
     specs.append(ChildSpec("rollout", start_rollout))

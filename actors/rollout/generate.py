@@ -42,6 +42,7 @@ class GenerateContext:
     config: Any  # RolloutConfig
     vocab_size: int | None = None  # the model's (may exceed the tokenizer's, padded)
     router_url: str | None = None  # the router's HTTP front, "http://127.0.0.1:PORT" (None: no front)
+    router_api_key: str | None = None  # what clients of the front must send (--router-api-key)
 
     def openai_base_url(self, sample: Sample) -> str:
         """An OpenAI ``base_url`` (``.../sessions/<id>/v1``) whose requests are this sample's:

@@ -39,6 +39,7 @@ from policies.rewards import BUILTIN_REWARDS
 from slime_async.compat.slime.args import SlimeArgs
 from slime_async.compat.slime.rollout.filter_hub.base_types import as_filter_output
 from slime_async.compat.slime.services import CompatServices
+from slime_async.compat.slime.utils.http_utils import ROUTER_AUTH
 from slime_async.sample import Sample, Status, policy_version
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,12 @@ class SlimePlugins:
             self._args = SlimeArgs(values, unavailable=unavailable, services=services, missing=missing)
         return self._args
 
+    def _authorize_router_posts(self) -> None:
+        # Set in the sample's own task, so it holds for every post() the hook makes from it.
+        key, url = getattr(self.ctx, "router_api_key", None), getattr(self.ctx, "router_url", None)
+        if key and url:
+            ROUTER_AUTH.set((url.rstrip("/"), f"Bearer {key}"))
+
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """The native request defaults plus slime's (stop text kept, special tokens in the text)."""
         return {**params, "no_stop_trim": True, "skip_special_tokens": False, "spaces_between_special_tokens": False}
@@ -132,6 +139,7 @@ class SlimePlugins:
         async def slime_generate(ctx: Any, sample: Sample, sampling_params: dict[str, Any],
                                  evaluation: bool = False) -> Sample | list[Sample]:
             self._as_slime_prompt(sample)
+            self._authorize_router_posts()
             prompt_tokens = list(sample.prompt_tokens)
             extra = {"evaluation": evaluation} if takes_evaluation else {}
             for _ in range(MAX_ABORT_RESTARTS):
@@ -166,6 +174,7 @@ class SlimePlugins:
         async def slime_group(ctx: Any, samples: list[Sample], sampling_params: dict[str, Any]) -> list[Sample]:
             for sample in samples:
                 self._as_slime_prompt(sample)
+            self._authorize_router_posts()
             result = await _resolve(fn(self.args, samples, self.sampling_params(sampling_params)))
             produced = [s for item in _as_list(result, "rollout function") for s in _as_list(item, "rollout function")]
             for out in produced:

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
 import orjson
 
 log = logging.getLogger(__name__)
+
+# (router URL, its Authorization header) for the hook running in this task, set by the rollout's
+# adapter when the run has --router-api-key: slime's post() takes no key, and the header must go
+# to the run's router front only, never to a plug-in's other servers (a search engine, say).
+ROUTER_AUTH: ContextVar[tuple[str, str] | None] = ContextVar("slime_async_router_auth", default=None)
 
 
 class HTTPError(RuntimeError):
@@ -52,7 +58,7 @@ async def _call(method: str, url: str, payload: Any, max_retries: int, headers: 
 
 async def _once(method: str, url: str, payload: Any, headers: dict[str, str] | None) -> Any:
     data = None if payload is None else orjson.dumps(payload)
-    request_headers = {"Content-Type": "application/json", **(headers or {})}
+    request_headers = {"Content-Type": "application/json", **_router_auth(url), **(headers or {})}
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             async with session.request(method, url, data=data, headers=request_headers) as response:
@@ -66,3 +72,8 @@ async def _once(method: str, url: str, payload: Any, headers: dict[str, str] | N
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         return body.decode(errors="replace")
+
+
+def _router_auth(url: str) -> dict[str, str]:
+    auth = ROUTER_AUTH.get()
+    return {"Authorization": auth[1]} if auth is not None and url.startswith(auth[0]) else {}
