@@ -8,15 +8,13 @@ the client, with only the model's tokens trainable, and its front must answer at
 """
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from slime_async.net import free_port
 from slime_async.tiny_model import build_tiny_model
+from train_process import train
 
 AGENT_MODULE = textwrap.dedent('''
     import openai
@@ -59,22 +57,15 @@ def agent_run(tmp_path_factory):
     data = root / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {a} + 3?", "label": str(a + 3)}) + "\n" for a in range(8)))
     (root / "e2e_agent.py").write_text(AGENT_MODULE)
-    run_dir, dump, port = root / "run", root / "dump", free_port()
-    argv = [
-        sys.executable, "-m", "slime_async.cli", "train",
-        "--hf-checkpoint", str(model), "--prompt-data", str(data), "--run-dir", str(run_dir),
+    port = free_port()
+    result = train(root, [
+        "--hf-checkpoint", str(model), "--prompt-data", str(data),
         "--train-mode", "fully-async", "--max-staleness", "1",
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "3",
         "--custom-generate-function-path", "e2e_agent:agent", "--custom-rm-path", "e2e_agent:rm",
         "--router-port", str(port), "--engine-type", "cpu", "--micro-batch-size", "4", "--lr", "1e-4",
-        "--save-debug-rollout-data", str(dump), "--no-progress-bar",
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=root)
-    assert result.returncode == 0, result.stderr[-4000:]
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    dumped = [json.loads(line) for path in sorted(dump.glob("step_*.jsonl")) for line in path.read_text().splitlines()]
-    return {"metrics": metrics, "samples": [s for group in dumped for s in group], "port": port}
+    ], import_dirs=(root,))
+    return {**result, "port": port}
 
 
 def test_the_agent_trains_for_every_step_through_the_front(agent_run):

@@ -7,7 +7,6 @@ function that raises and a malformed data row are counted and survived.
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import textwrap
 import pytest
 
 from slime_async.tiny_model import build_tiny_model
+from train_process import train
 
 # The second run below checks the distributed weight path: sync mode, weights broadcast from
 # trainer rank 0 to two engines over gloo after every step.
@@ -23,7 +23,8 @@ REWARD_MODULE = textwrap.dedent('''
     from actors.rollout.generate import default_generate
 
     async def long_generate(ctx, sample, sampling_params):
-        # Always the full budget, so weight updates land while generations are in flight.
+        # Always the full budget (256 tokens, longer than a train step here), so weight updates land
+        # while generations are in flight.
         return await default_generate(ctx, sample, {**sampling_params, "ignore_eos": True})
 
     async def rm(ctx, sample):
@@ -42,24 +43,15 @@ def run(tmp_path_factory):
     rows.insert(5, "{this row is not json")
     data.write_text("\n".join(rows) + "\n")
     (root / "e2e_reward.py").write_text(REWARD_MODULE)
-    run_dir, dump = root / "run", root / "dump"
-    argv = [
-        sys.executable, "-m", "slime_async.cli", "train",
-        "--hf-checkpoint", str(model), "--prompt-data", str(data), "--run-dir", str(run_dir),
+    result = train(root, [
+        "--hf-checkpoint", str(model), "--prompt-data", str(data),
         "--train-mode", "fully-async", "--max-staleness", "1",
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "5",
-        "--rollout-max-response-len", "96", "--custom-rm-path", "e2e_reward:rm",
+        "--rollout-max-response-len", "256", "--custom-rm-path", "e2e_reward:rm",
         "--custom-generate-function-path", "e2e_reward:long_generate",
         "--engine-type", "cpu", "--micro-batch-size", "4", "--lr", "1e-4", "--use-tis",
-        "--save-debug-rollout-data", str(dump), "--no-progress-bar",
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=root)
-    assert result.returncode == 0, result.stderr[-4000:]
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    dumped = [json.loads(line) for path in sorted(dump.glob("step_*.jsonl")) for line in path.read_text().splitlines()]
-    return {"metrics": metrics, "samples": [s for group in dumped for s in group], "stderr": result.stderr,
-            "dump": dump, "model": model, "root": root}
+    ], import_dirs=(root,))
+    return {**result, "model": model, "root": root}
 
 
 def train_steps(metrics):

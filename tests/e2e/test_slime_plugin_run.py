@@ -10,24 +10,15 @@ launch line uses slime's flag spellings: dotted hook paths, a dynamic filter fro
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from actors.rollout.generate import GenerateContext
 from slime_async.tiny_model import build_tiny_model
+from train_process import train
 
 PLUGIN_DIR = Path(__file__).parents[1] / "compat"
-
-# The router's HTTP front (SGLang /generate with text input) is what the plug-in talks to.
-FRONT_MISSING = "router_url" not in GenerateContext.__dataclass_fields__
-pytestmark = pytest.mark.skipif(FRONT_MISSING, reason=(
-    "needs the router's HTTP front: GenerateContext.router_url (actors/rollout/generate.py) and "
-    "POST /generate with text input (actors/router/), wired in actors/loop/launch.py"))
 
 # Megatron-LM's description of build_tiny_model(arch="qwen2"), as a slime scripts/models/*.sh block.
 MODEL_ARGS = [
@@ -46,10 +37,8 @@ def run(tmp_path_factory):
     data, heldout = root / "prompts.jsonl", root / "heldout.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{a + 2}=", "label": str(2 * a + 2)}) + "\n" for a in range(40)))
     heldout.write_text("".join(json.dumps({"prompt": f"{a}*2=", "label": str(2 * a)}) + "\n" for a in range(3)))
-    run_dir, dump = root / "run", root / "dump"
-    argv = [
-        sys.executable, "-m", "slime_async.cli", "train",
-        "--hf-checkpoint", str(model), "--prompt-data", str(data), "--run-dir", str(run_dir),
+    return train(root, [
+        "--hf-checkpoint", str(model), "--prompt-data", str(data),
         "--custom-generate-function-path", "slime_style_plugin.generate",
         "--custom-rm-path", "slime_style_plugin.rm",
         "--dynamic-sampling-filter-path",
@@ -59,14 +48,7 @@ def run(tmp_path_factory):
         "--eval-prompt-data", "doubling", str(heldout), "--n-samples-per-eval-prompt", "2",
         "--use-kl-loss", "--kl-loss-coef", "0.0", "--kl-loss-type", "low_var_kl", *MODEL_ARGS,
         "--engine-type", "cpu", "--micro-batch-size", "4", "--lr", "1e-4", "--use-tis",
-        "--save-debug-rollout-data", str(dump), "--no-progress-bar",
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=root)
-    assert result.returncode == 0, result.stderr[-4000:]
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    dumped = [json.loads(line) for path in sorted(dump.glob("step_*.jsonl")) for line in path.read_text().splitlines()]
-    return {"metrics": metrics, "samples": [s for group in dumped for s in group]}
+    ], import_dirs=(PLUGIN_DIR,))
 
 
 def train_steps(metrics):
