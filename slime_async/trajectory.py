@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+
 from slime_async.sample import Sample, Status, policy_version
 
 
