@@ -20,7 +20,7 @@ from typing import Any
 
 from actors.rollout.config import RolloutConfig
 from actors.rollout.data import Prompt
-from actors.rollout.generate import GenerateContext, default_generate
+from actors.rollout.generate import TRAJECTORY_SESSION, GenerateContext, default_generate
 from actors.rollout.hooks import load_function
 from actors.rollout.rewards import RewardScorer
 from actors.rollout.slime_plugins import SlimePlugins
@@ -236,10 +236,22 @@ class RolloutActor(Actor):
     async def _generate_group(self, prompt: Any, group_index: int) -> list[Sample]:
         samples = [self._new_sample(prompt, group_index, i) for i in range(self.config.n_samples_per_prompt)]
         params = self.sampling_params()
-        if self.group_fn is not None:
-            return list(await self.group_fn(self.ctx, samples, params))
-        results = await asyncio.gather(*(self._generate_sample(sample, params) for sample in samples))
+        try:
+            if self.group_fn is not None:
+                return list(await self.group_fn(self.ctx, samples, params))
+            results = await asyncio.gather(*(self._generate_sample(sample, params) for sample in samples))
+        except BaseException:
+            self._forget_recordings(samples)
+            raise
         return [s for result in results for s in (result if isinstance(result, list) else [result])]
+
+    def _forget_recordings(self, samples: list[Sample]) -> None:
+        # A hook that failed before collect_trajectory left its turns recorded in the router's
+        # front; they would stay there until evicted (thousands of sessions of many turns).
+        for sample in samples:
+            session = sample.metadata.get(TRAJECTORY_SESSION)
+            if session is not None:
+                self.ctx.router.tell("end_session", session)
 
     async def _generate_sample(self, sample: Sample, params: dict[str, Any], *,
                                evaluation: bool = False) -> Sample | list[Sample]:

@@ -1,0 +1,57 @@
+"""A hook that fails after opening a trajectory session leaves no recording in the router's front."""
+
+from __future__ import annotations
+
+import asyncio
+
+from actors.buffer import BufferActor, BufferConfig
+from actors.rollout.actor import RolloutActor
+from actors.rollout.config import RolloutConfig
+from actors.rollout.data import Prompt
+from slime_async.actor import Actor, spawn
+
+
+async def agent_that_fails_midway(ctx, sample, sampling_params):
+    ctx.trajectory_session(sample)  # as ctx.openai_base_url(sample) does before the agent's turns
+    raise RuntimeError("the agent crashed after its first turn")
+
+
+class SessionRecordingRouter(Actor):
+    name = "router"
+
+    def __init__(self):
+        super().__init__()
+        self.ended: list[str] = []
+
+    def end_session(self, session_id: str) -> None:
+        self.ended.append(session_id)
+
+    def sessions_ended(self) -> list[str]:
+        return self.ended
+
+
+class OnePrompt:
+    def __init__(self):
+        self.prompts = [Prompt(index=0, epoch=0, prompt="p0", prompt_ids=[1, 2, 3])]
+
+    def next_prompt(self) -> Prompt | None:
+        return self.prompts.pop() if self.prompts else None
+
+
+async def test_the_sessions_a_failed_group_opened_are_ended():
+    router = await spawn(SessionRecordingRouter())
+    buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=4), groups_per_step=1, max_staleness=None))
+    config = RolloutConfig(prompt_data="unused.jsonl", rollout_batch_size=1, n_samples_per_prompt=2,
+                           custom_generate_function_path=f"{__name__}:agent_that_fails_midway")
+    rollout = await spawn(RolloutActor(config, router=router, buffer=buffer, dataset=OnePrompt(), tokenizer=None))
+    try:
+        rollout.tell("start")
+        for _ in range(100):  # the group fails and is retried until it is dropped
+            await asyncio.sleep(0.02)
+            if len(await router.ask("sessions_ended")) >= 2:
+                break
+        ended = await router.ask("sessions_ended")
+        assert len(ended) >= 2 and len(set(ended)) == len(ended)  # both samples' sessions, each attempt's own
+    finally:
+        for ref in (rollout, buffer, router):
+            await ref.stop()
