@@ -47,7 +47,9 @@ def run(tmp_path_factory):
         "--hf-checkpoint", str(model), "--prompt-data", str(data),
         "--train-mode", "fully-async", "--max-staleness", "1",
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "5",
-        "--rollout-max-response-len", "256", "--custom-rm-path", "e2e_reward:rm",
+        # One generation at a time: the admitted groups cannot all finish before the weight sync
+        # (with 4 in parallel they sometimes did, and no abort landed mid-generation).
+        "--rollout-max-response-len", "256", "--rollout-concurrency", "1", "--custom-rm-path", "e2e_reward:rm",
         "--custom-generate-function-path", "e2e_reward:long_generate",
         "--engine-type", "cpu", "--micro-batch-size", "4", "--lr", "1e-4", "--use-tis",
     ], import_dirs=(root,))
