@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -113,8 +114,12 @@ def generate_corpus(seed: int, num_lines: int = 4000) -> list[str]:
     return lines
 
 
-def train_tokenizer(vocab_size: int, seed: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE with single-digit pre-tokenization, wrapped for transformers."""
+def train_tokenizer(vocab_size: int, seed: int, corpus: Sequence[str] | None = None) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with single-digit pre-tokenization, wrapped for transformers.
+
+    ``corpus`` (lines of text) replaces the generated one, so a task's own text — code, tags,
+    tool output — gets merges of its own; byte-level BPE still encodes any text.
+    """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -129,7 +134,7 @@ def train_tokenizer(vocab_size: int, seed: int) -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(generate_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(list(corpus) if corpus is not None else generate_corpus(seed), trainer=trainer)
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS_TOKEN,
@@ -177,6 +182,7 @@ def build_tiny_model(
     max_position_embeddings: int = 1024,
     tie_word_embeddings: bool = False,
     seed: int = 0,
+    corpus: Sequence[str] | None = None,
 ) -> Path:
     """Write a random-init HF causal LM (safetensors) and its tokenizer to `out_dir`."""
     spec = TinyModelSpec(
@@ -195,7 +201,7 @@ def build_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = train_tokenizer(spec.vocab_size, spec.seed)
+    tokenizer = train_tokenizer(spec.vocab_size, spec.seed, corpus)
     if len(tokenizer) > spec.vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than --vocab-size {spec.vocab_size}")
     config = _model_config(spec, tokenizer)
@@ -226,7 +232,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         parser.add_argument("--" + field.replace("_", "-"), type=int, default=value)
     parser.add_argument("--tie-word-embeddings", action="store_true")
+    parser.add_argument("--corpus", type=Path, help="train the tokenizer on this text file's lines instead of the built-in corpus")
     args = parser.parse_args(argv)
+    corpus = None
+    if args.corpus is not None:
+        try:
+            corpus = args.corpus.read_text().splitlines()
+        except OSError as exc:
+            parser.error(f"--corpus: cannot read {args.corpus}: {exc.strerror}")
     try:
         path = build_tiny_model(
             args.out,
@@ -240,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             max_position_embeddings=args.max_position_embeddings,
             tie_word_embeddings=args.tie_word_embeddings,
             seed=args.seed,
+            corpus=corpus,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from slime_async.tiny_model import ARCHS, build_tiny_model, generate_corpus, main
+from slime_async.tiny_model import ARCHS, build_tiny_model, generate_corpus, main, train_tokenizer
 
 CLASS_NAMES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -121,3 +121,23 @@ def test_cli_rejects_heads_that_do_not_divide_the_hidden_size(tmp_path, capsys):
         main(["--out", str(tmp_path), "--hidden-size", "64", "--num-attention-heads", "5"])
     assert exit_info.value.code == 2
     assert "--num-attention-heads" in capsys.readouterr().err
+
+
+def test_corpus_option_trains_the_tokenizer_on_the_given_text(tmp_path):
+    lines = ["<search>capital of Zorblax</search> <information>Quenti</information>"] * 200
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines))
+    assert main(["--out", str(tmp_path / "m"), "--corpus", str(corpus)]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "m")
+    default = train_tokenizer(512, 0)
+    text = "<search>capital of Zorblax</search>"
+    # merges learned from the task's own text encode it in fewer tokens than the built-in corpus's
+    assert len(tokenizer(text)["input_ids"]) < len(default(text)["input_ids"])
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+
+
+def test_unreadable_corpus_is_one_line_naming_the_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path / "m"), "--corpus", str(tmp_path / "missing.txt")])
+    assert exit_info.value.code == 2
+    assert "--corpus: cannot read" in capsys.readouterr().err
