@@ -17,15 +17,18 @@ turns token-exactly and ``await ctx.collect_trajectory(sample)`` returns them as
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from actors.router.completion import find_stop
 from slime_async.actor import ActorRef
 from slime_async.engine_client import GenerateOutput, parse_generate_output
 from slime_async.sample import Sample, Status, policy_version
 from slime_async.trajectory import to_samples
 
 MAX_RESUMES = 64  # a turn aborted this often is not making progress: fail it instead of looping
+STOP_CHUNK_TOKENS = 16  # tokens per request while watching for a text stop string (the front's default)
 TRAJECTORY_SESSION = "trajectory_session"  # sample.metadata key: the session openai_base_url opened
 
 
@@ -102,28 +105,57 @@ class GenerateContext:
         return output
 
     async def generate_turn(self, sample: Sample, sampling_params: dict[str, Any],
-                            max_new_tokens: int | None = None) -> str:
+                            max_new_tokens: int | None = None, *, stop: Sequence[str] = (),
+                            chunk_tokens: int = STOP_CHUNK_TOKENS) -> str:
         """Generate one model turn onto ``sample``; returns the finish type (stop | length).
 
         ``max_new_tokens`` is this turn's budget (default: the sampling params'). Aborted
-        requests are resumed from their partial tokens until the budget is spent.
+        requests are resumed from their partial tokens until the budget is spent. ``stop``:
+        text stop strings (engines know only stop token ids): the turn is asked for
+        ``chunk_tokens`` at a time and, once its decoded text holds a stop string, ends with the
+        token that completes it (kept, as it was sampled; nothing after it is) — how a tool-using
+        hook ends a turn at ``</code>`` or a closing fence on any engine and tokenizer.
         """
         budget = sampling_params.get("max_new_tokens", 0) if max_new_tokens is None else max_new_tokens
-        produced = 0
-        for _ in range(MAX_RESUMES):
-            remaining = budget - produced
-            if remaining <= 0:
-                return "length"
-            output = await self.generate(sample.tokens, {**sampling_params, "max_new_tokens": remaining},
+        if stop and self.tokenizer is None:
+            raise GenerationFailed("generate_turn(stop=...) needs the run's tokenizer to match text")
+        # This turn's tokens, as (ids, logprobs, version) per request: appended to the sample at
+        # the end, so a stop string's tail can be cut before anything is recorded.
+        pieces: list[tuple[list[int], list[float], int]] = []
+        turn: list[int] = []
+        aborts = 0
+        finish = "length"
+        while budget - len(turn) > 0:
+            remaining = budget - len(turn)
+            ask = min(remaining, chunk_tokens) if stop else remaining
+            output = await self.generate(sample.tokens + turn, {**sampling_params, "max_new_tokens": ask},
                                          session_id=sample.session_id)
-            sample.append_generated(output.output_ids, output.logprobs, policy_version(output.weight_version))
-            produced += len(output.output_ids)
-            if output.finish_type != "abort":
-                return output.finish_type
-            # What resumption saves: these tokens are not generated again.
-            sample.metadata["resumes"] = sample.metadata.get("resumes", 0) + 1
-            sample.metadata["tokens_kept_on_abort"] = sample.metadata.get("tokens_kept_on_abort", 0) + len(output.output_ids)
-        raise GenerationFailed(f"sample {sample.group_index}/{sample.index}: aborted {MAX_RESUMES} times")
+            pieces.append((output.output_ids, output.logprobs, policy_version(output.weight_version)))
+            produced, turn = len(turn), turn + output.output_ids
+            if stop and output.output_ids:
+                hit = find_stop(turn, self.tokenizer.decode, stop, first=produced)
+                if hit is not None:
+                    turn = turn[:hit[0]]
+                    finish = "stop"
+                    break
+            if output.finish_type == "abort":
+                # What resumption saves: these tokens are not generated again.
+                sample.metadata["resumes"] = sample.metadata.get("resumes", 0) + 1
+                sample.metadata["tokens_kept_on_abort"] = sample.metadata.get("tokens_kept_on_abort", 0) + len(output.output_ids)
+                aborts += 1
+                if aborts >= MAX_RESUMES:
+                    raise GenerationFailed(f"sample {sample.group_index}/{sample.index}: aborted {MAX_RESUMES} times")
+                continue
+            chunk_ended = stop and output.finish_type == "length" and len(output.output_ids) >= ask
+            if not chunk_ended:
+                finish = output.finish_type
+                break
+        kept = len(turn)
+        for ids, logprobs, version in pieces:
+            take = min(len(ids), kept)
+            sample.append_generated(ids[:take], logprobs[:take], version)
+            kept -= take
+        return finish
 
 
 async def default_generate(ctx: GenerateContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:

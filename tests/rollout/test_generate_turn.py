@@ -76,3 +76,45 @@ async def test_an_out_of_vocabulary_id_fails_the_sample_before_reaching_an_engin
     with pytest.raises(GenerationFailed, match=r"outside the vocabulary \[0, 100\)"):
         await context(router).generate_turn(sample, {"max_new_tokens": 4})
     assert router.requests == []
+
+
+class CharTokenizer:
+    """Token id i decodes to chr(i): text stop strings can be written as ids."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+
+def text_context(router: ScriptedRouter) -> GenerateContext:
+    return GenerateContext(router=router, tokenizer=CharTokenizer(), config=None, vocab_size=1000)
+
+
+async def test_a_text_stop_string_ends_the_turn_at_the_token_that_completes_it():
+    ids = [ord(c) for c in "x=1</code>tail"]
+    router = ScriptedRouter([answer(ids[:4], "length", 1), answer(ids[4:8], "length", 1), answer(ids[8:12], "length", 2)])
+    sample = prompt_sample()
+    finish = await text_context(router).generate_turn(sample, {"max_new_tokens": 32}, stop=["</code>"], chunk_tokens=4)
+
+    assert finish == "stop"
+    assert [request[1]["max_new_tokens"] for request in router.requests] == [4, 4, 4]
+    assert router.requests[2][0] == [1, 2] + ids[:8]  # each chunk continues the one before
+    assert sample.response_tokens == [ord(c) for c in "x=1</code>"]
+    assert sample.token_versions == [1] * 8 + [2, 2] and sample.loss_mask == [1] * 10
+
+
+async def test_a_turn_with_stop_strings_ends_on_the_engines_stop_or_its_budget_without_a_match():
+    router = ScriptedRouter([answer([65, 66], "stop", 1)])
+    assert await text_context(router).generate_turn(prompt_sample(), {"max_new_tokens": 8}, stop=["</code>"]) == "stop"
+    router = ScriptedRouter([answer([65] * 4, "length", 1), answer([66] * 2, "length", 1)])
+    sample = prompt_sample()
+    assert await text_context(router).generate_turn(sample, {"max_new_tokens": 6}, stop=["Z"], chunk_tokens=4) == "length"
+    assert sample.response_tokens == [65] * 4 + [66] * 2 and len(router.requests) == 2
+
+
+async def test_an_aborted_chunk_resumes_and_the_stop_string_can_span_the_abort():
+    router = ScriptedRouter([answer([ord("<"), ord("/")], "abort", 1), answer([ord(c) for c in "b>zz"], "length", 2)])
+    sample = prompt_sample()
+    finish = await text_context(router).generate_turn(sample, {"max_new_tokens": 8}, stop=["</b>"], chunk_tokens=4)
+
+    assert finish == "stop" and sample.response_tokens == [ord(c) for c in "</b>"]
+    assert sample.token_versions == [1, 1, 2, 2] and sample.metadata["resumes"] == 1
