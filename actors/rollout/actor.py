@@ -45,6 +45,7 @@ class _Window:
     tokens_kept_on_abort: int = 0
     tokens: int = 0
     busy_time: float = 0.0  # seconds with at least one generation in flight
+    hook_metrics: dict[str, list[float]] = field(default_factory=dict)  # sample.metadata["metrics"] values
     started: float = field(default_factory=time.monotonic)
 
 
@@ -138,6 +139,8 @@ class RolloutActor(Actor):
             out["rollout/reward_mean"] = sum(window.rewards) / n
             out["rollout/response_len_mean"] = sum(window.response_lengths) / n
             out["rollout/truncated_ratio"] = window.truncated / n
+        for name, value in _means(window.hook_metrics).items():
+            out.setdefault(f"rollout/{name}", value)  # a hook's name never hides a built-in metric
         return out
 
     def evaluate(self, datasets: Any) -> Any:
@@ -307,6 +310,7 @@ class RolloutActor(Actor):
             window.resumed += bool(sample.metadata.get("resumes"))
             window.tokens_kept_on_abort += sample.metadata.get("tokens_kept_on_abort", 0)
             window.tokens += sum(sample.loss_mask)
+            _collect_hook_metrics(window.hook_metrics, sample)
 
     # ----- evaluation ------------------------------------------------------------------------------
     async def _evaluate_all(self, datasets: dict[str, Any]) -> dict[str, float]:
@@ -329,8 +333,29 @@ class RolloutActor(Actor):
 
         samples = await asyncio.gather(*(one(p, i, k) for i, p in enumerate(prompts) for k in range(n)))
         rewards = [s.reward or 0.0 for s in samples]
-        return {
+        out = {
             prefix + "reward_mean": sum(rewards) / max(len(rewards), 1),
             prefix + "response_len_mean": sum(s.response_length for s in samples) / max(len(samples), 1),
             prefix + "samples": float(len(samples)),
         }
+        hook_metrics: dict[str, list[float]] = {}
+        for sample in samples:
+            _collect_hook_metrics(hook_metrics, sample)
+        for name, value in _means(hook_metrics).items():
+            out.setdefault(prefix + name, value)
+        return out
+
+
+def _collect_hook_metrics(into: dict[str, list[float]], sample: Sample) -> None:
+    """A generate hook's own per-sample numbers (``sample.metadata["metrics"]``, e.g. tool calls):
+    averaged over the samples that report them into ``rollout/<name>`` and ``eval/<name>``."""
+    metrics = sample.metadata.get("metrics")
+    if not isinstance(metrics, dict):
+        return
+    for name, value in metrics.items():
+        if isinstance(name, str) and isinstance(value, (int, float)):
+            into.setdefault(name, []).append(float(value))
+
+
+def _means(values: dict[str, list[float]]) -> dict[str, float]:
+    return {name: sum(v) / len(v) for name, v in values.items() if v}

@@ -75,3 +75,31 @@ async def test_a_native_hooks_sample_gets_its_response_text_for_reward_functions
     dataset.prompts[0].label = TOKENIZER.decode([10, 11, 12], skip_special_tokens=True)
     metrics, _ = await evaluate(config, dataset)
     assert metrics["eval/reward_mean"] == 1.0  # the built-in reward compared the decoded response
+
+
+async def hook_with_metrics(ctx, sample, sampling_params):
+    await ctx.generate_turn(sample, sampling_params)
+    sample.metadata["metrics"] = {"tool_calls": sample.index, "rollout_samples": 99, "note": "not a number"}
+    return sample
+
+
+async def test_a_hooks_numeric_sample_metrics_are_averaged_into_eval_metrics_without_hiding_built_ins():
+    config = RolloutConfig(rm_type="exact", rollout_max_response_len=2, n_samples_per_eval_prompt=3,
+                           custom_generate_function_path=f"{__name__}:hook_with_metrics")
+    metrics, _ = await evaluate(config, {"set": Prompts(2, [1, 2])})
+    assert metrics["eval/set/tool_calls"] == 1.0  # indexes 0, 1, 2 of each prompt
+    assert metrics["eval/set/rollout_samples"] == 99.0 and "eval/set/note" not in metrics
+
+
+async def test_a_hooks_sample_metrics_are_averaged_into_the_steps_rollout_metrics():
+    rollout = RolloutActor(RolloutConfig(rm_type="exact"), router=None, buffer=None, dataset=None, tokenizer=None)
+    group = [Prompts(1, [1]).prompts[0] for _ in range(3)]
+    samples = [rollout._new_sample(prompt, 0, i) for i, prompt in enumerate(group)]
+    for sample, calls in zip(samples, (1, 2, 6)):
+        sample.metadata["metrics"] = {"tool_calls": calls, "reward_mean": 5.0}
+        sample.reward = 1.0
+    rollout._record(samples)
+    metrics = rollout.metrics()
+    assert metrics["rollout/tool_calls"] == 3.0
+    assert metrics["rollout/reward_mean"] == 1.0  # the built-in wins over a hook's metric of the same name
+    assert "rollout/tool_calls" not in rollout.metrics()  # per window: the next step starts afresh
