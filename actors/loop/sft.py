@@ -1,7 +1,10 @@
 """Supervised fine-tuning with the same trainer (``--loss-type sft``): a warm start before RL.
 
 Each prompt row's label is the target response: prompt ids + label ids + EOS, loss on the
-label part only. No engines are involved; the result is exported with ``--save-hf``.
+label part only. A label may also be a list of segments ``{"text": str, "train": bool}`` — a
+tool-use trace whose tool output the model never writes: each segment is tokenized on its own
+(as a generate hook appends a model turn and then an observation) and only ``train`` segments
+and the EOS carry loss. No engines are involved; the result is exported with ``--save-hf``.
 """
 
 from __future__ import annotations
@@ -16,13 +19,30 @@ from slime_async.sample import Sample, Status
 
 
 def sft_sample(prompt: Any, tokenizer: Any, index: int) -> Sample:
-    target = tokenizer(str(prompt.label), add_special_tokens=False)["input_ids"]
-    if tokenizer.eos_token_id is not None:
-        target = target + [tokenizer.eos_token_id]
     sample = Sample(group_index=index, index=0, prompt=prompt.prompt, tokens=list(prompt.prompt_ids), label=prompt.label)
-    sample.append_generated(target, [0.0] * len(target), version=0)
+    for text, train in label_segments(prompt.label, prompt.index):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if train:
+            sample.append_generated(ids, [0.0] * len(ids), version=0)
+        else:
+            sample.append_observation(ids)
+    if tokenizer.eos_token_id is not None:
+        sample.append_generated([tokenizer.eos_token_id], [0.0], version=0)
     sample.status = Status.COMPLETED
     return sample
+
+
+def label_segments(label: Any, row: int) -> list[tuple[str, bool]]:
+    """``[(text, trainable)]`` of an SFT label: a plain label is one trainable segment."""
+    if not isinstance(label, list):
+        return [(str(label), True)]
+    segments = []
+    for k, segment in enumerate(label):
+        if not (isinstance(segment, dict) and isinstance(segment.get("text"), str)
+                and isinstance(segment.get("train"), bool)):
+            raise ValueError(f"SFT row {row}: label segment {k} must be {{'text': str, 'train': bool}}, got {segment!r}")
+        segments.append((segment["text"], segment["train"]))
+    return segments
 
 
 async def sft_loop(*, trainer: ActorRef, monitor: ActorRef, dataset: Any, tokenizer: Any, spec: LossSpec,
