@@ -33,23 +33,44 @@ def _group_sums(values: torch.Tensor, index: torch.Tensor, num_groups: int) -> t
 def _group_stats(
     rewards: torch.Tensor, group_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample (group sum, group size, group mean) as float tensors of shape [N]."""
+    """Per-sample (group sum, group size, group mean) as float64 tensors of shape [N].
+
+    float64 because a float32 sum of equal rewards rounds (16 × 2.2 sums to 35.200005), and
+    after division by a tiny std that rounding became an advantage of 0.19 for a group with
+    nothing to learn; in float64 the sum of up to 2^29 equal float32 values is exact.
+    """
     if rewards.shape != group_ids.shape or rewards.dim() != 1:
         raise ValueError(
             f"rewards and group_ids must both be 1-D of equal length, got "
             f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}"
         )
-    rewards = rewards.float()
+    rewards = rewards.double()
     index, num_groups = _group_index(group_ids)
     sums = _group_sums(rewards, index, num_groups)[index]
     counts = _group_sums(torch.ones_like(rewards), index, num_groups)[index]
     return sums, counts, sums / counts
 
 
+def _uniform_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Per sample: True where every reward of its group is the same value (nothing to learn)."""
+    index, num_groups = _group_index(group_ids)
+    rewards = rewards.double()
+    init = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device)
+    high = init.scatter_reduce(0, index, rewards, "amax", include_self=False)
+    low = init.scatter_reduce(0, index, rewards, "amin", include_self=False)
+    return (high == low)[index]
+
+
+def _centered(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r_i − mean_group in float64, exactly 0 for a group of equal rewards; group sizes)."""
+    _, counts, mean = _group_stats(rewards, group_ids)
+    centered = rewards.double() - mean
+    return torch.where(_uniform_groups(rewards, group_ids), torch.zeros_like(centered), centered), counts
+
+
 def dr_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Dr. GRPO: A_i = r_i − mean_{j in group(i)} r_j (no std division, no length bias)."""
-    _, _, mean = _group_stats(rewards, group_ids)
-    return rewards.float() - mean
+    return _centered(rewards, group_ids)[0].float()
 
 
 def grpo_advantages(
@@ -57,17 +78,16 @@ def grpo_advantages(
 ) -> torch.Tensor:
     """GRPO: A_i = (r_i − mean_g) / (std_g + eps), std unbiased (Bessel, as torch.std).
 
-    A group whose rewards all agree gets A = 0 (the numerator is 0). A group of one sample has
-    no spread to learn from and gets A = 0 too (its unbiased std would be 0/0).
+    A group whose rewards all agree gets exactly A = 0 (its numerator is set to 0, not left to
+    rounding). A group of one sample has no spread to learn from and gets A = 0 too (its
+    unbiased std would be 0/0).
     """
-    rewards = rewards.float()
-    _, counts, mean = _group_stats(rewards, group_ids)
+    centered, counts = _centered(rewards, group_ids)
     index, num_groups = _group_index(group_ids)
-    centered = rewards - mean
     sq = _group_sums(centered.square(), index, num_groups)[index]
     std = (sq / (counts - 1).clamp_min(1)).sqrt()
     adv = centered / (std + eps)
-    return torch.where(counts > 1, adv, torch.zeros_like(adv))
+    return torch.where(counts > 1, adv, torch.zeros_like(adv)).float()
 
 
 def gspo_advantages(
@@ -80,29 +100,34 @@ def gspo_advantages(
 def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """RLOO: A_i = r_i − (Σ_{j≠i} r_j) / (n − 1), the mean of the *other* samples.
 
-    Equivalently n/(n−1)·(r_i − mean). A group of one sample has no baseline and gets A = 0.
+    Equivalently n/(n−1)·(r_i − mean), computed so; exactly 0 for a group of equal rewards. A
+    group of one sample has no baseline and gets A = 0.
     """
-    rewards = rewards.float()
-    sums, counts, _ = _group_stats(rewards, group_ids)
-    adv = rewards - (sums - rewards) / (counts - 1).clamp_min(1)
-    return torch.where(counts > 1, adv, torch.zeros_like(adv))
+    centered, counts = _centered(rewards, group_ids)
+    adv = centered * counts / (counts - 1).clamp_min(1)
+    return torch.where(counts > 1, adv, torch.zeros_like(adv)).float()
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = WHITEN_EPS) -> torch.Tensor:
     """(x − μ) / sqrt(σ² + eps) over the masked entries; masked-out entries become 0.
 
-    μ and σ² (unbiased, Bessel-corrected) are taken over entries with mask = 1 only. With fewer
-    than two masked entries the variance is taken as 0, so the result is x − μ (= 0 for one).
+    μ and σ² (unbiased, Bessel-corrected) are taken over entries with mask = 1 only, in float64
+    (float32 rounding of μ would whiten equal values into noise of order 1e-3). When all masked
+    entries are equal the result is exactly 0. With fewer than two masked entries the variance
+    is taken as 0, so the result is x − μ (= 0 for one). Returned as float32.
     """
-    mask = mask.float()
+    mask = mask.double()
     count = mask.sum()
     if count == 0:
         return torch.zeros_like(values, dtype=torch.float32)
-    values = values.float()
+    values = values.double()
+    masked_values = values[mask > 0]
+    if bool((masked_values == masked_values[0]).all()):
+        return torch.zeros_like(values, dtype=torch.float32)
     mean = (values * mask).sum() / count
     centered = (values - mean) * mask
     var = centered.square().sum() / (count - 1).clamp_min(1)
-    return centered * torch.rsqrt(var + eps)
+    return (centered * torch.rsqrt(var + eps)).float()
 
 
 def _check_token_shapes(rewards: torch.Tensor, loss_mask: torch.Tensor) -> None:

@@ -19,6 +19,7 @@ ADVANTAGE_ESTIMATORS = (
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "gspo",
+    "ppo",  # GAE over a learned critic's values (policies.gae); the critic trains alongside
 )
 POLICY_LOSSES = ("ppo", "cispo", "gspo")
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
@@ -50,11 +51,14 @@ class LossSpec:
     Train-inference mismatch (μ = rollout engine, π_old = trainer recompute)
         use_tis / tis_clip / tis_clip_low: token-level truncated IS weight
             clamp(π_old/μ, tis_clip_low, tis_clip).
-        use_icepop / icepop_low / icepop_high: drop tokens whose π_old/μ leaves
-            [icepop_low, icepop_high] (defaults 0.5 / 5.0 as in the IcePop write-up).
+        use_icepop / icepop_low / icepop_high: weight tokens by π_old/μ inside
+            [icepop_low, icepop_high] and drop those outside (defaults 0.5 / 5.0 as in the
+            IcePop write-up; slime's icepop does the same with its TIS bounds).
         mis_level / mis_mode / mis_threshold_low / mis_threshold_high: sequence-level IS
             weight (product "sequence" or geometric mean "geometric" of token ratios), either
             truncated above, clipped to both bounds or masked outside them. None disables.
+        use_rollout_logprobs: π_old := μ, the engine's logprobs (slime's flag): the PPO ratio
+            is π_θ/μ and the trainer recomputes nothing; excludes the π_old/μ corrections.
         use_decoupled_ppo / decoupled_behave_cap: AReaL's decoupled PPO: clip against the
             proximal policy π_old (the trainer's recompute) and weight by π_old/μ; tokens
             whose weight exceeds the cap are dropped (None = no cap).
@@ -62,13 +66,13 @@ class LossSpec:
     Advantages
         kl_coef: weight of the per-token KL(π_old || π_ref) reward penalty of the REINFORCE++
             estimators (slime's --kl-coef; unrelated to kl_loss_coef).
-        gamma: discount of REINFORCE++ returns.
+        gamma: discount of REINFORCE++ returns and of PPO's GAE.
         normalize_advantages: whiten scalar-estimator advantages over all masked tokens of the
             batch (REINFORCE++ variants are always whitened).
     """
 
     loss_type: Literal["policy_loss", "sft"] = field(default="policy_loss", metadata={"help": 'policy_loss (RL) or sft (negative log-likelihood of the response)'})
-    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gspo"] = field(default="grpo", metadata={"help": 'how rewards become advantages'})
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gspo", "ppo"] = field(default="grpo", metadata={"help": 'how rewards become advantages (ppo: GAE over a critic)'})
     policy_loss: Literal["ppo", "cispo", "gspo"] = field(default="ppo", metadata={"help": 'ppo (clipped surrogate), cispo (clipped-IS REINFORCE) or gspo (sequence ratio)'})
     eps_clip: float = field(default=0.2, metadata={"help": 'PPO clip range: ratio >= 1 - eps_clip'})
     eps_clip_high: float | None = field(default=None, metadata={"help": 'upper clip range (clip-higher); unset = --eps-clip'})
@@ -81,17 +85,18 @@ class LossSpec:
     use_tis: bool = field(default=False, metadata={"help": 'token-level truncated importance sampling pi_old/mu (train-inference mismatch)'})
     tis_clip: float = field(default=2.0, metadata={"help": 'TIS upper clip'})
     tis_clip_low: float = field(default=0.0, metadata={"help": 'TIS lower clip'})
-    use_icepop: bool = field(default=False, metadata={"help": 'mask tokens whose pi_old/mu leaves [icepop_low, icepop_high]'})
+    use_icepop: bool = field(default=False, metadata={"help": 'weight tokens by pi_old/mu inside [icepop_low, icepop_high], drop those outside'})
     icepop_low: float = field(default=0.5, metadata={"help": 'ICE-POP lower bound'})
     icepop_high: float = field(default=5.0, metadata={"help": 'ICE-POP upper bound'})
     mis_level: str | None = field(default=None, metadata={"help": 'sequence-level IS weights: sequence (product) or geometric (mean); unset = off'})
     mis_mode: Literal["truncate", "clip", "mask"] = field(default="truncate", metadata={"help": 'how sequence IS weights are bounded'})
     mis_threshold_low: float = field(default=0.5, metadata={"help": 'MIS lower threshold'})
     mis_threshold_high: float = field(default=2.0, metadata={"help": 'MIS upper threshold'})
+    use_rollout_logprobs: bool = field(default=False, metadata={"help": "use the engine's logprobs as pi_old (no recompute): ratio pi_theta/mu"})
     use_decoupled_ppo: bool = field(default=False, metadata={"help": 'AReaL decoupled PPO: clip against the proximal policy, weight by proximal/behaviour'})
     decoupled_behave_cap: float | None = field(default=None, metadata={"help": 'drop tokens whose proximal/behaviour weight exceeds this; unset = no cap'})
     kl_coef: float = field(default=0.0, metadata={"help": 'REINFORCE++ per-token KL reward penalty'})
-    gamma: float = field(default=1.0, metadata={"help": 'REINFORCE++ discount'})
+    gamma: float = field(default=1.0, metadata={"help": 'discount of REINFORCE++ returns and PPO GAE'})
     normalize_advantages: bool = field(default=False, metadata={"help": "whiten scalar advantages over the batch's trainable tokens"})
 
     @property
@@ -145,9 +150,19 @@ class LossSpec:
         # Two corrections of the same π_old/μ ratio would apply it twice.
         if self.use_tis and self.mis_level is not None:
             raise ValueError("use_tis and mis_level both reweight π_old/μ; enable only one")
-        if self.use_decoupled_ppo and (self.use_tis or self.mis_level is not None):
+        if self.use_icepop and (self.use_tis or self.mis_level is not None):
+            raise ValueError("use_icepop already weights by π_old/μ; disable use_tis and mis_level")
+        if self.use_rollout_logprobs:
+            # π_old = μ makes every π_old/μ weight 1 (slime refuses use_tis with it likewise).
+            on = [name for name, value in (("use_tis", self.use_tis), ("use_icepop", self.use_icepop),
+                                           ("mis_level", self.mis_level is not None),
+                                           ("use_decoupled_ppo", self.use_decoupled_ppo)) if value]
+            if on:
+                raise ValueError(f"use_rollout_logprobs makes π_old = μ, so {', '.join(on)} would correct "
+                                 "nothing; drop one of them")
+        if self.use_decoupled_ppo and (self.use_tis or self.use_icepop or self.mis_level is not None):
             raise ValueError(
-                "use_decoupled_ppo already weights by π_old/μ; disable use_tis and mis_level"
+                "use_decoupled_ppo already weights by π_old/μ; disable use_tis, use_icepop and mis_level"
             )
         if self.use_decoupled_ppo and self.policy_loss != "ppo":
             raise ValueError(

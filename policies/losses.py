@@ -47,12 +47,16 @@ def ppo_clip_loss(
     loss_clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + high)
     loss = torch.maximum(loss_unclipped, loss_clipped)
     clipfrac = (loss_clipped > loss_unclipped).float()
-    if eps_clip_c is not None:
-        if eps_clip_c <= 1.0:
-            raise ValueError(f"eps_clip_c (dual clip) must be > 1, got {eps_clip_c}")
-        dual = torch.minimum(loss, -advantages * eps_clip_c)
-        loss = torch.where(advantages < 0, dual, loss)
-    return PolicyLossTerms(loss, clipfrac, ppo_kl.detach())
+    return PolicyLossTerms(_dual_clip(loss, advantages, eps_clip_c), clipfrac, ppo_kl.detach())
+
+
+def _dual_clip(loss: torch.Tensor, advantages: torch.Tensor, eps_clip_c: float | None) -> torch.Tensor:
+    """Dual clip: where A < 0, L = min(L, −A · eps_clip_c) (slime's compute_policy_loss)."""
+    if eps_clip_c is None:
+        return loss
+    if eps_clip_c <= 1.0:
+        raise ValueError(f"eps_clip_c (dual clip) must be > 1, got {eps_clip_c}")
+    return torch.where(advantages < 0, torch.minimum(loss, -advantages * eps_clip_c), loss)
 
 
 def cispo_loss(
@@ -86,6 +90,7 @@ def gspo_loss(
     loss_mask: torch.Tensor,
     eps_clip: float,
     eps_clip_high: float | None = None,
+    eps_clip_c: float | None = None,
 ) -> PolicyLossTerms:
     """GSPO (Qwen): PPO clipping applied to a sequence-level, length-normalised ratio.
 
@@ -96,7 +101,9 @@ def gspo_loss(
     s_{i,t} equals s_i in value and has gradient s_i · ∇logπ_θ,t, so averaging L over a
     sequence's tokens (loss_agg = seq_mean_token_mean) gives exactly GSPO's gradient
     s_i · A_i · (1/|y_i|) Σ_t ∇logπ_θ,t. Clipping is therefore all-or-nothing per sequence;
-    clipfrac and ppo_kl (= −log s_i) are broadcast to the sequence's tokens.
+    clipfrac and ppo_kl (= −log s_i) are broadcast to the sequence's tokens. With eps_clip_c
+    the dual clip bounds L of negative-advantage sequences by −A · eps_clip_c, as slime applies
+    it to GSPO's sequence ratio (per token, so the whole sequence is bounded together).
     """
     high = eps_clip if eps_clip_high is None else eps_clip_high
     mask = loss_mask.to(logprobs.dtype)
@@ -109,7 +116,7 @@ def gspo_loss(
     loss = torch.maximum(loss_unclipped, loss_clipped)
     clipfrac = (loss_clipped > loss_unclipped).float()
     ppo_kl = (-log_seq_ratio).detach().expand_as(logprobs)
-    return PolicyLossTerms(loss, clipfrac, ppo_kl)
+    return PolicyLossTerms(_dual_clip(loss, advantages, eps_clip_c), clipfrac, ppo_kl)
 
 
 def sft_loss(logprobs: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from policies.loss_spec import LossSpec
 from policies.losses import aggregate, cispo_loss, gspo_loss, ppo_clip_loss, sft_loss
 from policies.off_policy import (
     decoupled_behaviour_weights,
-    icepop_mask,
+    icepop_weights,
     mis_weights,
     mismatch_token_stats,
     tis_weights,
@@ -49,8 +49,9 @@ def compute_objective(
     """Loss and metrics of one micro-batch; all tensors `[B, T]` response-aligned.
 
     logprobs: log π_θ of the sampled tokens (with gradient). old_logprobs: π_old, the trainer's
-    recompute before the update; None means on-policy with one update per batch, where
-    π_old = π_θ.detach(). rollout_logprobs: μ from the engine (needed by TIS / ICE-POP / MIS /
+    recompute before the first optimizer step of a rollout; None means one update per batch,
+    where π_old = π_θ.detach() (the same values). With spec.use_rollout_logprobs, π_old is
+    rollout_logprobs (μ) instead. rollout_logprobs: μ from the engine (needed by TIS / ICE-POP / MIS /
     decoupled PPO; when given, mismatch metrics are logged even with every correction off).
     ref_logprobs: π_ref for the KL loss. entropy: per-token entropy of π_θ (with gradient when
     entropy_coef > 0). normalizer: the GLOBAL-batch denominator of `aggregate` for
@@ -115,14 +116,19 @@ def _policy_loss(
     """Per-token policy loss with the enabled off-policy corrections applied, and its metrics."""
     if advantages is None:
         raise ValueError(f"loss_type='policy_loss' ({spec.policy_loss}) needs advantages")
-    old = logprobs.detach() if old_logprobs is None else old_logprobs.detach()
+    if spec.use_rollout_logprobs:
+        if rollout_logprobs is None:
+            raise ValueError("use_rollout_logprobs needs rollout_logprobs, which were not given")
+        old = rollout_logprobs.detach()
+    else:
+        old = logprobs.detach() if old_logprobs is None else old_logprobs.detach()
     advantages = advantages.detach()
     if spec.policy_loss == "ppo":
         terms = ppo_clip_loss(logprobs, old, advantages, spec.eps_clip, spec.clip_high, spec.eps_clip_c)
     elif spec.policy_loss == "cispo":
         terms = cispo_loss(logprobs, old, advantages, spec.eps_clip, spec.clip_high)
     else:
-        terms = gspo_loss(logprobs, old, advantages, loss_mask, spec.eps_clip, spec.clip_high)
+        terms = gspo_loss(logprobs, old, advantages, loss_mask, spec.eps_clip, spec.clip_high, spec.eps_clip_c)
 
     metrics = {
         "pg_clipfrac": float(agg(terms.clipfrac)),
@@ -144,15 +150,17 @@ def _policy_loss(
             raise ValueError(f"{', '.join(needs)} need rollout_logprobs, which were not given")
         return per_token, metrics
 
-    for name, value in mismatch_token_stats(old, rollout_logprobs).items():
+    # With π_old = μ the mismatch is measured on π_θ instead (as slime does).
+    trainer_side = logprobs.detach() if spec.use_rollout_logprobs else old
+    for name, value in mismatch_token_stats(trainer_side, rollout_logprobs).items():
         metrics[name] = float(agg(value))
-    tis = tis_weights(old, rollout_logprobs, loss_mask, spec.tis_clip, spec.tis_clip_low)
+    tis = tis_weights(trainer_side, rollout_logprobs, loss_mask, spec.tis_clip, spec.tis_clip_low)
     metrics["tis_weight_mean"] = float(agg(tis.weights))
     metrics["tis_clipfrac"] = float(agg(tis.affected))
     if spec.use_tis:
         per_token = per_token * tis.weights
     if spec.use_icepop:
-        kept = icepop_mask(old, rollout_logprobs, loss_mask, spec.icepop_low, spec.icepop_high)
+        kept = icepop_weights(old, rollout_logprobs, loss_mask, spec.icepop_low, spec.icepop_high)
         per_token = per_token * kept.weights
         metrics["icepop_dropfrac"] = float(agg(kept.affected))
     if spec.mis_level is not None:

@@ -55,22 +55,25 @@ def tis_weights(
     return CorrectionWeights(clamped * mask, affected)
 
 
-def icepop_mask(
+def icepop_weights(
     old_logprobs: torch.Tensor,
     rollout_logprobs: torch.Tensor,
     loss_mask: torch.Tensor,
     low: float,
     high: float,
 ) -> CorrectionWeights:
-    """ICE-POP: keep a token only if low <= π_old/μ <= high (weight 1), else drop it (weight 0).
+    """ICE-POP: the IS weight π_old/μ inside the band, 0 outside it (as slime's `icepop`).
 
-    Unlike TIS the kept tokens are not reweighted; tokens with a large mismatch are discarded
-    outright because their gradient is considered noise. affected = the dropped tokens.
+        w_t = π_old/μ · m_t   if low <= π_old/μ <= high,   else 0
+
+    Like TIS the kept tokens are importance-weighted; unlike TIS a token whose ratio leaves
+    the band is discarded outright (its gradient is considered noise) instead of truncated.
+    affected = the dropped tokens.
     """
     mask = loss_mask.float()
     ratio = torch.exp(_log_ratio(old_logprobs, rollout_logprobs).clamp(max=_MAX_LOG_WEIGHT))
     keep = ((ratio >= low) & (ratio <= high)).float()
-    return CorrectionWeights(keep * mask, (1.0 - keep) * mask)
+    return CorrectionWeights(ratio * keep * mask, (1.0 - keep) * mask)
 
 
 def mis_weights(

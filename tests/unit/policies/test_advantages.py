@@ -154,3 +154,37 @@ def test_compute_advantages_rejects_unknown_estimator_by_name():
 def test_compute_advantages_rejects_mask_with_wrong_batch_size():
     with pytest.raises(ValueError, match="loss_mask must be"):
         compute_advantages("grpo", torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.ones(3, 2))
+
+
+@pytest.mark.parametrize("value", [2.2, 0.7, 1.0 / 3.0])
+@pytest.mark.parametrize("estimator", [grpo_advantages, dr_grpo_advantages, rloo_advantages])
+def test_a_group_of_equal_float32_rewards_gets_exactly_zero_advantage(estimator, value):
+    # 16 × 2.2 in float32: a float32 running sum is 35.200005, mean 2.2000003, so r − mean is
+    # −3e-7 and GRPO divided that by (std ≈ 3e-7) + 1e-6 into −0.19. Exactly 0 is required.
+    rewards = torch.full((16,), value, dtype=torch.float32)
+    groups = torch.zeros(16, dtype=torch.long)
+    assert torch.equal(estimator(rewards, groups), torch.zeros(16))
+
+
+def test_equal_groups_stay_zero_next_to_a_group_with_spread():
+    # group 0: 16 × 0.7 -> 0; group 1: [0.7, 0.2] mean 0.45, deviations ±0.25,
+    # unbiased std = sqrt(2·0.0625/1) = 0.3535534 -> A = ±0.25/0.3535544 = ±0.7071048
+    rewards = torch.tensor([0.7] * 16 + [0.7, 0.2])
+    groups = torch.tensor([0] * 16 + [1, 1])
+    adv = grpo_advantages(rewards, groups)
+    assert torch.equal(adv[:16], torch.zeros(16))
+    close(adv[16:], [0.7071048, -0.7071048])
+
+
+def test_masked_whiten_of_equal_values_is_exactly_zero():
+    values = torch.full((2, 8), 2.2)
+    mask = torch.ones(2, 8)
+    mask[1, 5:] = 0
+    assert torch.equal(masked_whiten(values, mask), torch.zeros(2, 8))
+
+
+def test_normalized_advantages_of_a_batch_of_equal_groups_are_zero():
+    rewards = torch.full((16,), 2.2)
+    groups = torch.tensor([0] * 8 + [1] * 8)
+    adv = compute_advantages("grpo", rewards, groups, torch.ones(16, 4), normalize=True)
+    assert torch.equal(adv, torch.zeros(16, 4))

@@ -45,6 +45,9 @@ def test_spec_is_frozen():
         ({"use_decoupled_ppo": True, "use_tis": True}, "use_decoupled_ppo"),
         ({"use_decoupled_ppo": True, "policy_loss": "cispo"}, "use_decoupled_ppo"),
         ({"decoupled_behave_cap": 0.0}, "decoupled_behave_cap"),
+        ({"use_icepop": True, "use_tis": True}, "use_icepop"),
+        ({"use_rollout_logprobs": True, "use_tis": True}, "use_rollout_logprobs"),
+        ({"use_rollout_logprobs": True, "use_decoupled_ppo": True}, "use_rollout_logprobs"),
         ({"gamma": 1.5}, "gamma"),
     ],
 )

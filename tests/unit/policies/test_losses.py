@@ -124,6 +124,25 @@ def test_gspo_token_gradient_is_sequence_ratio_times_advantage():
     close(logp.grad, [[0.0, 0.0, 0.0], [1.0512711, 1.0512711, 0.0]])
 
 
+def test_gspo_dual_clip_bounds_a_negative_advantage_sequence_at_c_times_abs_advantage():
+    # seq 0: mean log ratio ln 4 -> s = 4, A = -1: max(4, 1.2) = 4, dual clip min(4, 3·1) = 3
+    #        on every token, and no gradient;
+    # seq 1: s = e^0.05 = 1.0512711, A = -1: inside the band, 1.0512711 < 3 -> unchanged
+    ln4 = math.log(4.0)
+    logp = torch.tensor([[ln4, ln4], [0.1, 0.0]], requires_grad=True)
+    adv = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    terms = gspo_loss(logp, torch.zeros(2, 2), adv, torch.ones(2, 2), 0.2, eps_clip_c=3.0)
+    close(terms.loss, [[3.0, 3.0], [1.0512711, 1.0512711]])
+    terms.loss.sum().backward()
+    close(logp.grad, [[0.0, 0.0], [1.0512711, 1.0512711]])
+
+
+def test_gspo_without_dual_clip_lets_the_negative_advantage_loss_grow():
+    ln4 = math.log(4.0)
+    terms = gspo_loss(torch.tensor([[ln4, ln4]]), torch.zeros(1, 2), -torch.ones(1, 2), torch.ones(1, 2), 0.2)
+    close(terms.loss, [[4.0, 4.0]])
+
+
 def test_gspo_of_an_all_masked_response_has_ratio_one():
     # no trainable token -> log s = 0/1 = 0 -> s = 1, loss = -A = -2
     terms = gspo_loss(torch.tensor([[3.0, 3.0]]), torch.zeros(1, 2), torch.full((1, 2), 2.0), torch.zeros(1, 2), 0.2)

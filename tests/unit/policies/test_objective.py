@@ -116,6 +116,16 @@ def test_icepop_drops_mismatched_tokens_from_the_loss():
     assert out.metrics["icepop_dropfrac"] == pytest.approx(1 / 3)
 
 
+def test_icepop_alone_reweights_the_kept_tokens_by_the_ratio():
+    # band [0.5, 3]: token (0,0) has π_old/μ = 2.5, kept with weight 2.5; the others ratio 1
+    # pg = (-1·2.5 - 1·1 + 0.5·1)/3 = -3/3 = -1
+    lp = logprobs()
+    spec = LossSpec(use_icepop=True, icepop_low=0.5, icepop_high=3.0)
+    out = run(spec, logprobs=lp, rollout_logprobs=lp.detach() - ROLLOUT_SHIFT)
+    assert out.loss.item() == pytest.approx(-1.0)
+    assert out.metrics["icepop_dropfrac"] == 0.0
+
+
 def test_mis_sequence_weight_multiplies_every_token_of_the_sequence():
     # seq 0: product 2.5 truncated to 2 -> tokens -1·2, -1·2; seq 1: weight 1 -> +0.5
     # pg = (-2 - 2 + 0.5)/3 = -3.5/3
@@ -135,6 +145,29 @@ def test_decoupled_ppo_clips_against_proximal_and_weights_by_behaviour_ratio():
     assert out.loss.item() == pytest.approx(-1.0)
     assert out.metrics["pg_clipfrac"] == 0.0
     assert out.metrics["decoupled_dropfrac"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize(("eps_clip_c", "expected"), [(None, 4.0), (3.0, 3.0)])
+def test_gspo_objective_applies_the_dual_clip(eps_clip_c, expected):
+    # one sequence, s = exp(mean(ln 4, ln 4)) = 4, A = -1: PPO-clipped loss 4, dual clip 3·|A| = 3
+    ln4 = math.log(4.0)
+    spec = LossSpec(policy_loss="gspo", loss_agg="seq_mean_token_mean", eps_clip_c=eps_clip_c)
+    out = compute_objective(spec, logprobs=torch.tensor([[ln4, ln4]], requires_grad=True),
+                            loss_mask=torch.ones(1, 2), advantages=-torch.ones(1, 2),
+                            old_logprobs=torch.zeros(1, 2), normalizer=1)
+    assert out.loss.item() == pytest.approx(expected)
+
+
+def test_use_rollout_logprobs_takes_mu_as_pi_old():
+    # π_old := μ = logπ − ROLLOUT_SHIFT: token (0,0) has ratio π_θ/μ = 2.5 > 1.2 with A = 1 -> clipped
+    # pg = (-1.2 - 1 + 0.5)/3 = -1.7/3; the given old_logprobs (= π_θ) are ignored
+    lp = logprobs()
+    spec = LossSpec(use_rollout_logprobs=True)
+    out = run(spec, logprobs=lp, old_logprobs=lp.detach(), rollout_logprobs=lp.detach() - ROLLOUT_SHIFT)
+    assert out.metrics["pg_loss"] == pytest.approx(-1.7 / 3)
+    assert out.metrics["pg_clipfrac"] == pytest.approx(1 / 3)
+    # mismatch is measured between π_θ and μ: |ln 2.5| on one of 3 tokens
+    assert out.metrics["logprob_abs_diff"] == pytest.approx(math.log(2.5) / 3)
 
 
 def test_gspo_objective_with_seq_mean_token_mean():

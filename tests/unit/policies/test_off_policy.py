@@ -10,7 +10,7 @@ import torch
 
 from policies.off_policy import (
     decoupled_behaviour_weights,
-    icepop_mask,
+    icepop_weights,
     mis_weights,
     mismatch_metrics,
     tis_weights,
@@ -49,16 +49,24 @@ def test_tis_weights_carry_no_gradient():
     assert not tis_weights(old, torch.zeros(1, 4), TIS_MASK, clip=2.0).weights.requires_grad
 
 
-def test_icepop_drops_tokens_outside_the_band_without_reweighting_the_rest():
-    # band [0.5, 2]: ratio 0.4 dropped, 1.5 kept with weight 1, 3.0 dropped
-    out = icepop_mask(logs([0.4, 1.5, 3.0]), torch.zeros(1, 3), torch.ones(1, 3), 0.5, 2.0)
-    close(out.weights, [[0.0, 1.0, 0.0]])
+def test_icepop_weights_tokens_inside_the_band_by_their_ratio_and_drops_the_rest():
+    # band [0.5, 2]: ratio 0.4 dropped, 1.5 kept with weight π_old/μ = 1.5 (as slime's icepop),
+    # 3.0 dropped
+    out = icepop_weights(logs([0.4, 1.5, 3.0]), torch.zeros(1, 3), torch.ones(1, 3), 0.5, 2.0)
+    close(out.weights, [[0.0, 1.5, 0.0]])
     close(out.affected, [[1.0, 0.0, 1.0]])
+
+
+def test_icepop_weights_are_zero_on_masked_tokens():
+    # ratios 0.8 and 1.25, both in [0.5, 5]; the second token has loss_mask 0
+    out = icepop_weights(logs([0.8, 1.25]), torch.zeros(1, 2), torch.tensor([[1, 0]]), 0.5, 5.0)
+    close(out.weights, [[0.8, 0.0]])
+    close(out.affected, [[0.0, 0.0]])
 
 
 def test_icepop_band_bounds_are_inclusive():
     # ratio exactly 1 with band [1, 1] is kept
-    out = icepop_mask(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), 1.0, 1.0)
+    out = icepop_weights(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), 1.0, 1.0)
     close(out.weights, [[1.0]])
 
 
