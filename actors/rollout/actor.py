@@ -91,6 +91,9 @@ class RolloutActor(Actor):
         self._busy_since = time.monotonic()
         self.exhausted = False
 
+    async def on_stop(self) -> None:
+        self.scorer.close()
+
     # ----- handlers ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start producing groups (idempotent)."""
@@ -123,6 +126,7 @@ class RolloutActor(Actor):
         out = {
             "rollout/bad_rows": float(getattr(self.dataset, "bad_rows", 0)),
             "rollout/reward_errors": float(self.scorer.errors),
+            "rollout/reward_timeouts": float(self.scorer.timeouts),
             "rollout/generation_errors": float(self._counters["generation_errors"]),
             "rollout/groups_filtered": float(self._counters["groups_filtered"]),
             "rollout/groups_failed": float(self._counters["groups_failed"]),

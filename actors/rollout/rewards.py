@@ -1,19 +1,23 @@
-"""Scoring samples: a custom async reward function or a built-in one, with errors contained.
+"""Scoring samples: a custom reward function or a built-in one, with errors contained.
 
-A reward function that raises or exceeds ``--reward-timeout`` never stops the run: the sample
+Rewards run off the supervisor's event loop (``reward_runner``): a custom one, sync or async,
+on a dedicated reward thread, a built-in in a worker thread. A reward that raises, exceeds
+``--reward-timeout`` or returns a non-finite value (NaN, inf) never stops the run: the sample
 is marked failed and either scored 0 or its whole group dropped (``--on-reward-error``), and
-the error is logged and counted (``rollout/reward_errors``).
+the error is logged and counted (``rollout/reward_errors``; timeouts also in
+``rollout/reward_timeouts``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
 from actors.rollout.hooks import hook_style, load_function
+from actors.rollout.reward_runner import RewardRunner
 from policies.rewards import BUILTIN_REWARDS
 from slime_async.sample import Sample, Status
 
@@ -28,13 +32,13 @@ class RewardScorer:
         self.config = config
         self.ctx = ctx
         self.errors = 0
+        self.timeouts = 0
+        self.runner = RewardRunner()
         self._custom: Callable[..., Any] | None = None
         if config.custom_rm_path:
             function = load_function(config.custom_rm_path, "--custom-rm-path")
             if plugins is not None and hook_style(function) == "slime":
                 function = plugins.reward(function)
-            elif not inspect.iscoroutinefunction(function):
-                raise ValueError(f"--custom-rm-path {config.custom_rm_path}: must be an async function")
             self._custom = function
         elif config.rm_type not in BUILTIN_REWARDS:
             raise ValueError(f"--rm-type {config.rm_type!r}: choose one of {', '.join(BUILTIN_REWARDS)} "
@@ -44,7 +48,7 @@ class RewardScorer:
         """Set ``reward`` on every sample; False when the group must be dropped."""
         if self._custom is not None and self.config.group_rm:
             try:
-                rewards = await asyncio.wait_for(self._custom(self.ctx, samples), self.config.reward_timeout)
+                rewards = await self.runner.call(self._custom, self.ctx, samples, timeout=self.config.reward_timeout)
                 if len(rewards) != len(samples):
                     raise ValueError(f"returned {len(rewards)} rewards for {len(samples)} samples")
                 for sample, reward in zip(samples, rewards):
@@ -58,12 +62,11 @@ class RewardScorer:
     async def _score_one(self, sample: Sample) -> bool:
         try:
             if self._custom is not None:
-                reward = await asyncio.wait_for(self._custom(self.ctx, sample), self.config.reward_timeout)
+                reward = await self.runner.call(self._custom, self.ctx, sample, timeout=self.config.reward_timeout)
             else:
                 builtin = BUILTIN_REWARDS[self.config.rm_type]
                 text = sample.response or self.ctx.tokenizer.decode(sample.response_tokens, skip_special_tokens=True)
-                reward = await asyncio.wait_for(asyncio.to_thread(builtin, text, sample.label),
-                                                self.config.reward_timeout)
+                reward = await self.runner.call(builtin, text, sample.label, timeout=self.config.reward_timeout)
             sample.reward = self._scalar(reward, sample)
             return True
         except Exception as error:  # noqa: BLE001
@@ -80,11 +83,21 @@ class RewardScorer:
                                     else f"--reward-key {key!r} is not among them"))
             sample.metadata["reward_info"] = reward
             reward = reward[key]
-        return float(reward)
+        value = float(reward)
+        if not math.isfinite(value):
+            # One NaN turns its whole group's advantages, the loss and then the weights into NaN.
+            raise ValueError(f"the reward is {value}, not a finite number")
+        return value
+
+    def close(self) -> None:
+        self.runner.close()
 
     def _failed(self, samples: list[Sample], error: BaseException) -> bool:
         self.errors += len(samples)
-        reason = "timed out" if isinstance(error, asyncio.TimeoutError) else f"{type(error).__name__}: {error}"
+        timed_out = isinstance(error, asyncio.TimeoutError)
+        self.timeouts += len(samples) if timed_out else 0
+        reason = (f"timed out after --reward-timeout {self.config.reward_timeout:g} s" if timed_out
+                  else f"{type(error).__name__}: {error}")
         for sample in samples:
             log.warning("reward of sample %d/%d failed (%s)", sample.group_index, sample.index, reason)
             sample.status = Status.FAILED
