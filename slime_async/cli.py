@@ -1,7 +1,7 @@
 """The ``slime-async`` command.
 
-``train`` runs the RL job; ``serve-engine``, ``router``, ``convert`` and ``init-tiny-model`` hand their
-arguments to the module that owns them, so each keeps its own ``--help``.
+``train`` runs the RL job; ``serve-engine``, ``router``, ``sandbox-server``, ``convert`` and
+``init-tiny-model`` hand their arguments to the module that owns them, so each keeps its own ``--help``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ def _router(argv: list[str]) -> int:
     return main(argv)
 
 
+def _sandbox_server(argv: list[str]) -> int:
+    from slime_async.sandbox.server import main
+
+    return main(argv)
+
+
 def _train(argv: list[str]) -> int:
     from slime_async.config.run import parse_run_config
     from actors.loop.launch import run_train
@@ -53,6 +59,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "train": (_train, "run RL training (sync, one-step-off or fully-async)"),
     "serve-engine": (_serve_engine, "serve the embedded CPU engine (SGLang's HTTP API) for an HF model dir"),
     "router": (_router, "serve the router's HTTP front (SGLang /generate, OpenAI API) over running engines"),
+    "sandbox-server": (_sandbox_server, "serve a sandbox for model-written code (POST /run) on this machine"),
     "convert": (_convert, "convert checkpoints: hf-to-megatron, megatron-to-hf"),
     "init-tiny-model": (_init_tiny_model, "write a random-init tiny HF model and a locally trained tokenizer"),
 }
