@@ -12,6 +12,7 @@ DDP averages gradients over DP, so each micro-batch loss is multiplied back by b
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -44,6 +45,28 @@ from actors.trainer.weight_sync import WeightBroadcaster
 from policies.loss_spec import LossSpec
 from policies.objective import compute_objective
 from slime_async.batch import Batch
+
+
+class NonFiniteWeights(RuntimeError):
+    """The model's weights hold NaN or inf: they must never reach an engine or an export."""
+
+
+def _grad_of(param: torch.nn.Parameter) -> torch.Tensor | None:
+    # Megatron's DDP accumulates into main_grad; plain .grad otherwise.
+    main = getattr(param, "main_grad", None)
+    return main if main is not None else param.grad
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    # One device sync for all tensors, not one per tensor.
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()) if tensors else True
+
+
+def _all_ranks_agree(ok: bool, device: torch.device) -> bool:
+    """True when ``ok`` holds on every rank: a rank that alone skipped a collective would hang the rest."""
+    flag = torch.tensor([0.0 if ok else 1.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() == 0.0
 
 
 def _pad(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -102,6 +125,7 @@ class TrainerOps:
             # unscales the grads regardless: without it fp16 grads come out 1/scale too small.
             self.model_config.grad_scale_func = self.optimizer.scale_loss
         self.step = 0
+        self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self.hf_vocab_size = hf_vocab_size_of(model)
         self.weights = WeightBroadcaster(model, int(config.weight_bucket_mb * 1024 * 1024))
         self.ref_state: dict[str, torch.Tensor] | None = None
@@ -231,7 +255,15 @@ class TrainerOps:
         self.optimizer.zero_grad()
         outputs = self._run(micro_batches, loss_fn, forward_only=False)
         lr = float(self.optimizer.param_groups[0]["lr"])  # the lr this update uses
-        update_ok, grad_norm, num_zeros = self.optimizer.step()
+        if self._loss_and_grads_finite(outputs):
+            update_ok, grad_norm, num_zeros = self.optimizer.step()
+        else:
+            # Only fp16's grad scaler checks for inf/NaN; bf16/fp32 optimizers would step on them
+            # and every weight would become NaN. Skipped on every rank alike (the check agreed).
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            update_ok, grad_norm, num_zeros = False, float("nan"), None
+            self.skipped_steps += 1
         if update_ok:
             self.scheduler.step(increment=1)
             self.step += 1
@@ -248,12 +280,29 @@ class TrainerOps:
             grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
             lr=lr,
             update_successful=float(update_ok),
+            skipped_steps=float(self.skipped_steps),
             num_micro_batches=float(len(micro_batches)),
             step=float(self.step),
             # This rank's wall time for the op, without RPC and the supervisor's work.
             step_time_s=time.perf_counter() - started,
         )
         return metrics
+
+    def _loss_and_grads_finite(self, outputs: list[Any]) -> bool:
+        """Whether this step's loss and every rank's gradients are finite (agreed over all ranks)."""
+        local = all(math.isfinite(out.get("loss", 0.0)) for out in outputs if isinstance(out, dict))
+        grads = [_grad_of(p) for p in unwrap_model(self.ddp).parameters()]
+        return _all_ranks_agree(local and _all_finite([g for g in grads if g is not None]), self.device)
+
+    @torch.no_grad()
+    def _refuse_non_finite_weights(self, what: str) -> None:
+        """Raise before ``what`` publishes weights (export, broadcast) when any rank's are not finite."""
+        params = self._params()
+        if _all_ranks_agree(_all_finite(list(params.values())), self.device):
+            return
+        bad = [name for name, p in params.items() if not bool(torch.isfinite(p).all())]
+        where = f"parameter {bad[0]} (and {len(bad) - 1} more) on rank {dist.get_rank()}" if bad else "another rank"
+        raise NonFiniteWeights(f"refusing to {what}: non-finite (NaN/inf) weights in {where}")
 
     # ----- reference model -------------------------------------------------------------------
     def _params(self) -> dict[str, torch.Tensor]:
@@ -300,6 +349,7 @@ class TrainerOps:
 
     def export_hf(self, path: str) -> None:
         """HF safetensors + config + tokenizer (collective; global rank 0 writes)."""
+        self._refuse_non_finite_weights(f"export weights to {path}")
         save_hf_checkpoint(unwrap_model(self.ddp), self.config.hf_checkpoint, Path(path))
         dist.barrier()
 
@@ -311,6 +361,7 @@ class TrainerOps:
         self.weights.init_group(spec)
 
     def broadcast_weights(self, group_name: str = "weight_update_group") -> int:
+        self._refuse_non_finite_weights("broadcast weights to the engines")
         return self.weights.broadcast(group_name)
 
     def destroy_weight_group(self, group_name: str = "weight_update_group") -> None:
