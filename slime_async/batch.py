@@ -93,18 +93,19 @@ def batch_from_samples(
     *,
     advantages: Sequence[Sequence[float]] | None = None,
     ref_logprobs: Sequence[Sequence[float]] | None = None,
+    old_logprobs: Sequence[Sequence[float]] | None = None,
     temperature: float = 1.0,
 ) -> Batch:
     """Build a trainer batch from rollout samples (token in, token out: no re-tokenisation).
 
-    ``advantages`` / ``ref_logprobs`` are per response token, in sample order (the advantage
+    ``advantages`` / ``ref_logprobs`` / ``old_logprobs`` are per response token, in sample order (the advantage
     estimator and the reference model run before this). Rollout logprobs come from the samples
     when every sample has them.
     """
     for sample in samples:
         sample.check()
     n = len(samples)
-    for name, rows in (("advantages", advantages), ("ref_logprobs", ref_logprobs)):
+    for name, rows in (("advantages", advantages), ("ref_logprobs", ref_logprobs), ("old_logprobs", old_logprobs)):
         if rows is not None and len(rows) != n:
             raise ValueError(f"{name} has {len(rows)} rows for {n} samples")
     has_rollout = n > 0 and all(len(s.rollout_logprobs) == s.response_length for s in samples)
@@ -115,6 +116,7 @@ def batch_from_samples(
         advantages=[[float(a) for a in row] for row in advantages] if advantages is not None else None,
         rollout_logprobs=[list(s.rollout_logprobs) for s in samples] if has_rollout else None,
         ref_logprobs=[[float(x) for x in row] for row in ref_logprobs] if ref_logprobs is not None else None,
+        old_logprobs=[[float(x) for x in row] for row in old_logprobs] if old_logprobs is not None else None,
         temperature=temperature,
         sample_ids=[(s.group_index, s.index) for s in samples],
     )

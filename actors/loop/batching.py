@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from policies.advantages import compute_advantages
+from policies.kl import kl_estimate
 from policies.loss_spec import LossSpec
 from policies.staleness import offpolicy_token_mask, staleness
 from slime_async.actor import ActorRef
@@ -30,12 +31,15 @@ def build_train_batch(
     max_staleness: int | None = None,
     mask_offpolicy: bool = False,
     ref_logprobs: Sequence[Sequence[float]] | None = None,
+    old_logprobs: Sequence[Sequence[float]] | None = None,
 ) -> tuple[Batch, dict[str, float]]:
     """The trainer batch for ``groups`` and the ``rollout/staleness_*`` metrics.
 
     With ``mask_offpolicy`` (``--mask-offpolicy-in-partial-rollout``), tokens generated more
     than ``max_staleness`` versions before ``train_version`` get loss_mask 0 — the older part of
-    a resumed partial rollout.
+    a resumed partial rollout. ``old_logprobs`` (π_old, the trainer's recompute) go into the
+    batch; the REINFORCE++ KL penalty is ``--kl-loss-type`` of π_old (μ with
+    ``--use-rollout-logprobs``) against π_ref, as in slime.
     """
     samples = [sample for group in groups for sample in group]
     width = max((s.response_length for s in samples), default=0)
@@ -47,7 +51,13 @@ def build_train_batch(
     group_ids = torch.tensor([s.group_index for s in samples])
     kl = None
     if ref_logprobs is not None and spec.kl_coef > 0:
-        kl = _pad([s.rollout_logprobs for s in samples], width) - _pad(ref_logprobs, width)
+        if spec.use_rollout_logprobs:
+            policy = _pad([s.rollout_logprobs for s in samples], width)
+        elif old_logprobs is not None:
+            policy = _pad(old_logprobs, width)
+        else:
+            raise ValueError("the --kl-coef penalty needs the trainer's π_old logprobs (or --use-rollout-logprobs)")
+        kl = kl_estimate(policy, _pad(ref_logprobs, width), spec.kl_loss_type)
     advantages = compute_advantages(spec.advantage_estimator, rewards, group_ids, loss_mask, kl=kl,
                                     kl_coef=spec.kl_coef, gamma=spec.gamma, normalize=spec.normalize_advantages)
     masks = [[int(m) for m in loss_mask[i, : s.response_length].tolist()] for i, s in enumerate(samples)]
@@ -57,6 +67,7 @@ def build_train_batch(
         samples,
         advantages=[advantages[i, : s.response_length].tolist() for i, s in enumerate(samples)],
         ref_logprobs=ref_logprobs,
+        old_logprobs=old_logprobs,
         temperature=temperature,
     )
     return batch, staleness_metrics(samples, train_version) | trajectory_metrics(samples)
@@ -67,12 +78,29 @@ def needs_reference(spec: LossSpec) -> bool:
     return spec.use_kl_loss or spec.kl_coef > 0
 
 
-async def reference_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]], temperature: float) -> list[list[float]]:
-    """The reference model's logprob of every response token, in sample order."""
+def needs_old_for_advantages(spec: LossSpec) -> bool:
+    """Whether the advantages need π_old before training: the REINFORCE++ KL reward penalty."""
+    return (spec.kl_coef > 0 and not spec.use_rollout_logprobs
+            and spec.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"))
+
+
+async def trainer_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]], temperature: float,
+                           model: str) -> list[list[float]]:
+    """The logprob of every response token under ``model`` ("ref": the frozen reference, "actor":
+    the current weights, i.e. π_old), in sample order."""
     samples = [sample for group in groups for sample in group]
-    rows = await trainer.ask("compute_logprobs", batch_from_samples(samples, temperature=temperature), model="ref",
+    rows = await trainer.ask("compute_logprobs", batch_from_samples(samples, temperature=temperature), model=model,
                              timeout=None)
     return [list(row.logprobs) for row in rows]
+
+
+async def advantage_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]], spec: LossSpec,
+                             temperature: float) -> tuple[list[list[float]] | None, list[list[float]] | None]:
+    """(π_ref, π_old) logprobs that the loss and the advantages need before training (None if not)."""
+    ref = await trainer_logprobs(trainer, groups, temperature, "ref") if needs_reference(spec) else None
+    old = (await trainer_logprobs(trainer, groups, temperature, "actor")
+           if needs_old_for_advantages(spec) else None)
+    return ref, old
 
 
 def trajectory_metrics(samples: Sequence[Sample]) -> dict[str, float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from actors.loop.batching import build_train_batch, needs_reference, reference_logprobs
+from actors.loop.batching import advantage_logprobs, build_train_batch
 from actors.loop.debug_dump import load_groups
 from slime_async.actor import ActorRef
 from slime_async.config.run import RunConfig
@@ -20,10 +20,9 @@ async def replay_loop(config: RunConfig, *, trainer: ActorRef, monitor: ActorRef
         started = time.monotonic()
         # Each dumped batch was trained at version step - 1 (one weight sync per step).
         temperature = config.rollout.rollout_temperature or 1.0
-        ref_logprobs = (await reference_logprobs(trainer, groups, temperature)
-                        if needs_reference(config.algorithm) else None)
-        batch, metrics = build_train_batch(groups, config.algorithm, train_version=step - 1,
-                                           temperature=temperature, ref_logprobs=ref_logprobs)
+        ref_logprobs, old_logprobs = await advantage_logprobs(trainer, groups, config.algorithm, temperature)
+        batch, metrics = build_train_batch(groups, config.algorithm, train_version=step - 1, temperature=temperature,
+                                           ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
         train_metrics = await trainer.ask("train_step", batch, config.algorithm,
                                           max_response_len=config.rollout.rollout_max_response_len, timeout=None)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.loop.batching import build_train_batch, needs_reference, reference_logprobs
+from actors.loop.batching import advantage_logprobs, build_train_batch
 from actors.loop.checkpoint import RunCheckpointer
 from actors.loop.debug_dump import dump_groups
 from actors.loop.weight_sync import WeightSync
@@ -63,12 +63,13 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
             log.warning("prompt data ran out after %d of %d steps", step, h.total_steps)
             break
         temperature = rollout_cfg.rollout_temperature or 1.0
-        ref_logprobs = None
-        if h.trainer is not None and needs_reference(spec):
-            ref_logprobs = await reference_logprobs(h.trainer, groups, temperature)
+        ref_logprobs = old_logprobs = None
+        if h.trainer is not None:
+            ref_logprobs, old_logprobs = await advantage_logprobs(h.trainer, groups, spec, temperature)
         batch, metrics = build_train_batch(
             groups, spec, train_version=version, temperature=temperature, max_staleness=config.max_staleness,
-            mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout, ref_logprobs=ref_logprobs)
+            mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout, ref_logprobs=ref_logprobs,
+            old_logprobs=old_logprobs)
         if config.train.save_debug_rollout_data:
             dump_groups(config.train.save_debug_rollout_data, step + 1, groups)
         if h.trainer is not None:

@@ -16,6 +16,7 @@ training); they answer through ``defer``, so the mailbox stays free meanwhile.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import re
@@ -29,7 +30,7 @@ import torch
 
 from actors.trainer import worker
 from actors.trainer.config import TrainerConfig
-from actors.trainer.dp_split import split_across_dp
+from actors.trainer.dp_split import split_across_dp, split_into_global_batches
 from actors.trainer.protocol import RankInfo, SampleLogprobs, TensorMeta, WeightGroupSpec
 from policies.loss_spec import LossSpec
 from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
@@ -75,6 +76,35 @@ def _root_cause_rank(torchrun_log_tail: str) -> int | None:
     current = torchrun_log_tail.rsplit("=== ", 1)[-1] if "start: " in torchrun_log_tail else torchrun_log_tail
     match = _ROOT_CAUSE.search(current)
     return int(match.group(1)) if match else None
+
+
+def needs_old_logprobs(spec: LossSpec) -> bool:
+    """Whether several optimizer steps on one rollout need a recomputed π_old: the policy losses,
+    unless --use-rollout-logprobs takes the engine's logprobs (μ) as π_old."""
+    return spec.loss_type == "policy_loss" and not spec.use_rollout_logprobs
+
+
+# Metrics of a rollout's optimizer steps that are not averaged: counters add up, the step is the last.
+_SUMMED_STEP_METRICS = ("num_micro_batches", "step_time_s")
+_LAST_STEP_METRICS = ("step", "skipped_steps")  # skipped_steps: a running count (ops.py)
+
+
+def mean_step_metrics(per_step: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One rollout's metrics from those of its optimizer steps: the mean of each (the clip fraction
+    and ppo_kl of the later steps are where π_θ has moved from π_old), counters summed, the trainer's
+    step counter of the last step, and num_optimizer_steps."""
+    keys = sorted({key for metrics in per_step for key in metrics})
+    merged: dict[str, float] = {}
+    for key in keys:
+        values = [metrics[key] for metrics in per_step if key in metrics]
+        if key in _LAST_STEP_METRICS:
+            merged[key] = values[-1]
+        elif key in _SUMMED_STEP_METRICS:
+            merged[key] = float(sum(values))
+        else:
+            merged[key] = float(sum(values) / len(values))
+    merged["num_optimizer_steps"] = float(len(per_step))
+    return merged
 
 
 class TrainerActor(Actor):
@@ -253,13 +283,26 @@ class TrainerActor(Actor):
 
     # ----- operations (answered through defer) -----------------------------------------------------
     def train_step(self, batch: Batch, loss_spec: LossSpec, *, max_response_len: int | None = None) -> Deferred:
-        """One optimizer step on ``batch``; returns the global metrics (loss parts, grad_norm, lr, ...)."""
+        """Train on one rollout's ``batch``: len(batch) / --global-batch-size optimizer steps (one when
+        unset), on consecutive global batches. Before the first of several steps, π_old is recomputed
+        for the whole batch (unless given, or --use-rollout-logprobs). Returns the global metrics
+        (loss parts, grad_norm, lr, ...) averaged over the steps, plus num_optimizer_steps."""
         return self.defer(self._train_step(batch, loss_spec, max_response_len))
 
     async def _train_step(self, batch: Batch, loss_spec: LossSpec, max_response_len: int | None) -> dict[str, float]:
         loss_spec.validate()
-        if self.config.global_batch_size is not None and len(batch) != self.config.global_batch_size:
-            raise ValueError(f"train_step got {len(batch)} samples, --global-batch-size is {self.config.global_batch_size}")
+        steps = split_into_global_batches(len(batch), self.config.global_batch_size)
+        if len(steps) > 1 and needs_old_logprobs(loss_spec) and batch.old_logprobs is None:
+            # The steps after the first move π_θ away from the policy that π_old must stay:
+            # one no-grad forward of the current weights over the whole rollout, as slime does.
+            rows = await self._compute_logprobs(batch, "actor")
+            batch = dataclasses.replace(batch, old_logprobs=[list(row.logprobs) for row in rows])
+        per_step = []
+        for indices in steps:
+            per_step.append(await self._optimizer_step(batch.select(indices), loss_spec, max_response_len))
+        return mean_step_metrics(per_step)
+
+    async def _optimizer_step(self, batch: Batch, loss_spec: LossSpec, max_response_len: int | None) -> dict[str, float]:
         normalizer = batch.normalizer(loss_spec.loss_agg, max_response_len)
         _, shards = self._shard(batch)
         per_rank = [(shard, loss_spec, normalizer) for (shard,) in shards]

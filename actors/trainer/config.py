@@ -36,7 +36,12 @@ class TrainerConfig:
         default=None, metadata={"help": "fixed samples per micro-batch (when max_tokens_per_gpu is not set)"}
     )
     global_batch_size: int | None = field(
-        default=None, metadata={"help": "samples per optimizer step (checked against each train_step batch)"}
+        default=None, metadata={"help": "samples per optimizer step: a rollout of R samples takes R / "
+                                "global_batch_size optimizer steps (unset: one step per rollout)"}
+    )
+    num_steps_per_rollout: int | None = field(
+        default=None, metadata={"help": "optimizer steps per rollout (slime's flag): sets --global-batch-size "
+                                "to rollout-batch-size x n-samples-per-prompt / this"}
     )
     ref_load: str | None = field(
         default=None,
@@ -91,6 +96,12 @@ class TrainerConfig:
     def num_ranks(self, cuda: bool) -> int:
         """Training ranks per node: GPUs with CUDA, processes without."""
         return self.actor_num_gpus_per_node if cuda else self.actor_num_procs
+
+    def data_parallel_size(self, cuda: bool) -> int:
+        """DP ranks: all training ranks over TP × PP (from the Megatron pass-through)."""
+        model_parallel = (self.megatron.get("tensor_model_parallel_size", 1)
+                          * self.megatron.get("pipeline_model_parallel_size", 1))
+        return max(1, self.num_ranks(cuda) * self.actor_num_nodes // model_parallel)
 
     def with_absolute_paths(self) -> TrainerConfig:
         """This config with its checkpoint paths resolved against the current directory."""

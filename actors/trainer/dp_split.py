@@ -73,3 +73,18 @@ def split_into_micro_batches(
     if current:
         batches.append(current)
     return batches
+
+
+def split_into_global_batches(num_samples: int, global_batch_size: int | None) -> list[list[int]]:
+    """Consecutive chunks of ``global_batch_size`` sample indices, one per optimizer step.
+
+    In batch order, as slime splits a rollout into its training steps (no shuffle); None means
+    the whole batch is one step. The batch must split evenly: the run config checks this at
+    start, so a mismatch here is a caller's bug and names the flag.
+    """
+    if global_batch_size is None:
+        return [list(range(num_samples))]
+    if global_batch_size < 1 or num_samples % global_batch_size != 0 or num_samples == 0:
+        raise ValueError(f"a train_step batch of {num_samples} samples does not split into global batches of "
+                         f"--global-batch-size {global_batch_size}")
+    return [list(range(start, start + global_batch_size)) for start in range(0, num_samples, global_batch_size)]

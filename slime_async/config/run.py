@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from actors.buffer import BufferConfig
 from actors.engine.config import EngineConfig
 from actors.loop.config import LoopConfig
@@ -35,12 +37,7 @@ class RunConfig:
 
     def validate(self) -> None:
         rollout, train = self.rollout, self.train
-        samples_per_step = rollout.rollout_batch_size * rollout.n_samples_per_prompt
-        gbs = self.trainer.global_batch_size
-        if gbs is not None and samples_per_step % gbs != 0:
-            raise ValueError(
-                f"--rollout-batch-size × --n-samples-per-prompt ({samples_per_step}) must be a multiple of "
-                f"--global-batch-size ({gbs})")
+        self._resolve_global_batch_size()
         if not train.debug_train_only and not rollout.prompt_data:  # a replay needs no prompts
             raise ValueError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
         if not train.debug_rollout_only and not self.trainer.hf_checkpoint:
@@ -53,6 +50,32 @@ class RunConfig:
         if self.buffer.buffer_capacity < rollout.rollout_batch_size:
             raise ValueError(f"--buffer-capacity ({self.buffer.buffer_capacity}) must hold at least one step's "
                              f"groups (--rollout-batch-size {rollout.rollout_batch_size})")
+
+    def _resolve_global_batch_size(self) -> None:
+        """--num-steps-per-rollout sets --global-batch-size (as in slime); both must split a rollout
+        evenly, and a global batch must split evenly over DP ranks × --micro-batch-size."""
+        rollout, trainer = self.rollout, self.trainer
+        samples = rollout.rollout_batch_size * rollout.n_samples_per_prompt
+        rollout_flags = f"--rollout-batch-size × --n-samples-per-prompt ({samples})"
+        steps = trainer.num_steps_per_rollout
+        if steps is not None:
+            if steps < 1 or samples % steps != 0:
+                raise ValueError(f"{rollout_flags} must be a multiple of --num-steps-per-rollout ({steps})")
+            if trainer.global_batch_size is not None and trainer.global_batch_size != samples // steps:
+                raise ValueError(f"--global-batch-size ({trainer.global_batch_size}) disagrees with {rollout_flags} "
+                                 f"/ --num-steps-per-rollout ({steps}) = {samples // steps}; set only one")
+            trainer.global_batch_size = samples // steps
+        gbs = trainer.global_batch_size
+        if gbs is None:
+            return
+        if gbs < 1 or samples % gbs != 0:
+            raise ValueError(f"{rollout_flags} must be a multiple of --global-batch-size ({gbs})")
+        dp = trainer.data_parallel_size(torch.cuda.is_available())
+        if trainer.micro_batch_size is not None and gbs % (trainer.micro_batch_size * dp) != 0:
+            raise ValueError(f"--global-batch-size ({gbs}) must be a multiple of --micro-batch-size "
+                             f"({trainer.micro_batch_size}) × data-parallel ranks ({dp})")
+        if gbs < dp:  # a token budget (--max-tokens-per-gpu) only needs a sample per DP rank
+            raise ValueError(f"--global-batch-size ({gbs}) must be at least the data-parallel ranks ({dp})")
 
     @property
     def max_staleness(self) -> int | None:
