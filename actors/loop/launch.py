@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -166,7 +167,14 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
                           monitor=child("monitor"), weight_sync=sync, checkpointer=checkpointer,
                           eval_dataset=eval_dataset, total_steps=total_steps, start_step=start_step,
                           start_version=start_version, restarts=restarts, progress=progress)
-        code = await train_loop(config, handles)
+        # A restarted or re-registered engine gets the current weights before it gets work.
+        rejoins = asyncio.ensure_future(sync.watch_engines()) if sync is not None else None
+        try:
+            code = await train_loop(config, handles)
+        finally:
+            if rejoins is not None:
+                rejoins.cancel()
+                await asyncio.gather(rejoins, return_exceptions=True)
         print(f"run finished: {run_dir}", file=sys.stderr)
         return code
 

@@ -4,6 +4,12 @@ Order matters: the router stops dispatching first (aborting or draining what run
 request reaches an engine between the pause and the confirmation that it serves the new
 version; aborted requests come back to the rollout with their partial tokens and wait in the
 router, to resume on the new weights.
+
+An engine that (re)joins between syncs — an owned one restarted by its supervisor, an external
+one restarted on its port — serves other weights than the current version, so the router keeps
+it out as ``stale``. ``watch_engines`` brings each such engine to the current version alone
+(the last disk export, or a broadcast to it only) and lets the router confirm it; without that a
+run whose only engine restarted could never generate, hence never train, hence never sync.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import logging
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +48,12 @@ class WeightSync:
     api_key: str | None = None
     timeout: float | None = 300.0
     keep_exports: int = 2
+    # A sync and a rejoining engine's update never overlap: the export directory (pruned by a
+    # sync) and the trainer's weight group are the state they share.
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    _version: int | None = field(default=None, init=False)  # the version the engines were last brought to
+    _rejoins: int = field(default=0, init=False)  # engines brought to the current version after a (re)join
+    _attempts: int = field(default=0, init=False)  # names each broadcast group uniquely
 
     async def check_engines(self) -> None:
         """Fail at start, not at the first sync, when the engines cannot take this transport."""
@@ -53,6 +65,10 @@ class WeightSync:
 
     async def __call__(self, version: int) -> float:
         """Bring every engine to ``version``; returns the seconds it took."""
+        async with self._lock:
+            return await self._sync(version)
+
+    async def _sync(self, version: int) -> float:
         started = time.monotonic()
         # A drain waits for the generations in flight, which the router's per-call timeout bounds.
         await self.router.ask("pause", "abort" if self.mode == "abort" else "drain",
@@ -65,10 +81,67 @@ class WeightSync:
             else:
                 await self._via_broadcast(clients, version)
         states = await self.router.ask("resume", str(version), timeout=self.timeout)
+        self._version = version
         behind = {url: state for url, state in states.items() if state != "up"}
         if behind:
             log.error("weight sync v%d: engines not serving the new version: %s", version, behind)
         return time.monotonic() - started
+
+    @property
+    def rejoins(self) -> int:
+        """Engines brought to the current version after they (re)joined, so far."""
+        return self._rejoins
+
+    async def watch_engines(self, interval: float = 1.0) -> None:
+        """Forever: every ``interval`` s, bring engines the router holds out as stale to the current version."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.refresh_stale()
+            except Exception as error:  # noqa: BLE001 - the next round tries again; the run goes on
+                log.warning("weight sync: updating a rejoined engine failed: %s", error)
+
+    async def refresh_stale(self) -> list[str]:
+        """Load the current weights into every engine the router keeps out as stale (healthy,
+        other weights: restarted), one at a time, and have the router confirm each; returns
+        the URLs it brought back. Nothing to do before the first sync: an owned engine that
+        restarts then serves the HF checkpoint, which is version 0."""
+        if self._version is None:
+            return []
+        async with self._lock:
+            version = self._version
+            stale = [e["url"] for e in await self.router.ask("engines") if e["health"] == "stale" and not e["paused"]]
+            rejoined = []
+            for url in stale:
+                if await self._rejoin(url, version) == "up":
+                    rejoined.append(url)
+            return rejoined
+
+    async def _rejoin(self, url: str, version: int) -> str:
+        await self.router.ask("pause", "abort", urls=[url], timeout=self.timeout)
+        try:
+            async with aiohttp.ClientSession() as session:
+                client = EngineClient(url, session=session, api_key=self.api_key)
+                if self.transport == "disk":
+                    # The export of the current version is kept until the next sync prunes it.
+                    result = await client.update_weights_from_disk(
+                        str(self.weights_dir / f"v{version}"), weight_version=str(version), timeout=self.timeout)
+                    self._check([client], [result])
+                else:
+                    # The trainer may have trained a step since the last sync: labelled with this
+                    # version, those weights only look older than they are, and the next sync
+                    # brings the engine in line with the others.
+                    self._attempts += 1
+                    await self._via_broadcast([client], version, group_name=f"weights-v{version}-rejoin{self._attempts}")
+        finally:
+            states = await self.router.ask("resume", str(version), urls=[url], timeout=self.timeout)
+        state = states.get(url, "unknown")
+        if state == "up":
+            self._rejoins += 1
+            log.warning("engine %s rejoined with other weights: loaded the current weights (v%d) into it", url, version)
+        else:
+            log.error("engine %s rejoined with other weights; loading v%d into it left it %s", url, version, state)
+        return state
 
     async def _via_disk(self, clients: list[EngineClient], version: int) -> None:
         path = self.weights_dir / f"v{version}"
@@ -79,10 +152,10 @@ class WeightSync:
         self._check(clients, results)
         self._prune(version)
 
-    async def _via_broadcast(self, clients: list[EngineClient], version: int) -> None:
+    async def _via_broadcast(self, clients: list[EngineClient], version: int, group_name: str | None = None) -> None:
         rank_offsets, world_size = await self._layout(clients)
         spec = WeightGroupSpec(master_address="127.0.0.1", master_port=free_port(), world_size=world_size,
-                               group_name=f"weights-v{version}", backend="gloo" if not _cuda() else "nccl")
+                               group_name=group_name or f"weights-v{version}", backend="gloo" if not _cuda() else "nccl")
         await update_engine_weights(self.trainer, clients, spec, rank_offsets=rank_offsets,
                                     weight_version=str(version), timeout=self.timeout)
         await asyncio.gather(*(c.flush_cache() for c in clients), return_exceptions=True)

@@ -211,6 +211,7 @@ class RolloutActor(Actor):
             del self._in_flight_prompts[group_index]
             if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
                 # Nothing is being produced: end the run with the reason instead of spinning.
+                self._counters["groups_failed"] += 1  # dropped too: its prompt is not retried
                 self.fail(RuntimeError(f"{self._consecutive_failures} prompt groups in a row failed; last: {error}"))
                 return
             if attempts + 1 < MAX_GROUP_ATTEMPTS:
