@@ -34,8 +34,13 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+SYS_MOUNT_SETATTR = 442  # the same number on every architecture (added in Linux 5.12)
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
 NAMESPACES = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -94,6 +99,19 @@ def read_spec():
     return json.loads(read_exact(0, int(header)))
 
 
+class MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def make_read_only(path):
+    """Every mount at or below ``path`` read-only and nosuid, in this mount namespace only."""
+    attr = MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
+    result = libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), path.encode(),
+                          ctypes.c_uint(AT_RECURSIVE), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    _check(result, f"mount_setattr {path}")
+
+
 def expose(pairs):
     """Hide each directory the program's uid could not enter anyway (e.g. /root, mode 0700) under
     an empty tmpfs, and bind back the one path below it the program needs (the interpreter's
@@ -114,12 +132,18 @@ def prepare_workdir(spec):
     if spec["isolate"]:
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates back to the host
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        expose(spec["expose"])
+        # The whole filesystem read-only (then only the tmpfs below is writable): a directory the
+        # program's uid may write to (mode 0777 somewhere) is still out of reach.
+        try:
+            make_read_only("/")
+        except OSError:  # a kernel before 5.12: at least the root mount itself
+            mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
         workdir = "/tmp"
         options = f"size={spec['workdir_bytes']},mode=0700"
         if uid is not None:
             options += f",uid={uid},gid={gid}"
         mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, options)
-        expose(spec["expose"])
         for other in ("/var/tmp", "/dev/shm"):
             if os.path.isdir(other):
                 try:
@@ -152,6 +176,8 @@ def exec_program(spec, workdir, status_fd):
                 resource.setrlimit(getattr(resource, "RLIMIT_" + name), (value, value))
         # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL one second later if it is caught.
         resource.setrlimit(resource.RLIMIT_CPU, (limits["CPU"], limits["CPU"] + 1))
+        # setuid binaries (su, mount, ...) cannot give the program privileges back.
+        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
         if spec["uid"] is not None:
             os.setgroups([])
             os.setgid(spec["gid"])

@@ -33,6 +33,9 @@ SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 READ_CHUNK = 64 << 10
 # How a program says an allocation failed under RLIMIT_AS (Python, libc, C++, bash).
 MEMORY_ERROR = re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory")
+# ... and that a write passed RLIMIT_FSIZE (Python ignores SIGXFSZ and gets EFBIG; bash reports the
+# child that SIGXFSZ killed).
+FILE_SIZE_ERROR = re.compile(r"File too large|File size limit exceeded")
 
 
 class SandboxError(RuntimeError):
@@ -235,8 +238,12 @@ class Sandbox:
                 reason = "cpu"
             elif sig == signal.SIGXFSZ:
                 reason = "file_size"
-            elif exit_code != 0 and MEMORY_ERROR.search(stderr[-4096:].decode(errors="replace")):
-                reason = "memory"
+            elif exit_code != 0:
+                tail = stderr[-4096:].decode(errors="replace")
+                if MEMORY_ERROR.search(tail):
+                    reason = "memory"
+                elif FILE_SIZE_ERROR.search(tail):
+                    reason = "file_size"
         return RunResult(stdout=stdout.decode("utf-8", "replace"), stderr=stderr.decode("utf-8", "replace"),
                          exit_code=exit_code, timed_out=reason == "timeout", killed_reason=reason,
                          wall_s=round(wall_s, 4))

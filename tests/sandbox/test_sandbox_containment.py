@@ -1,0 +1,270 @@
+"""The in-process ``Sandbox`` contains hostile code: each payload is a real process, each run is
+checked for the reason it reports and for processes it left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from slime_async.sandbox import Sandbox, SandboxLimits, SandboxRunner
+from tests.sandbox.conftest import LIBRARY_UID_BASE, TEST_LIMITS, DescendantWatch, assert_nothing_left, requires_root
+
+pytestmark = requires_root
+
+FORK_BOMB = """
+import os
+print("bomb", flush=True)
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+
+DOUBLE_FORKED_DAEMON = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print("daemon up", flush=True)
+        time.sleep(600)
+    os._exit(0)
+time.sleep(0.3)
+print("main done")
+"""
+
+
+async def contained_run(sandbox: Sandbox, code: str, **kwargs):
+    """Run ``code`` recording every descendant; afterwards none may be alive and a trivial run works."""
+    with DescendantWatch(os.getpid()) as watch:
+        result = await sandbox.run(code, **kwargs)
+    assert_nothing_left(watch, LIBRARY_UID_BASE)
+    assert len(watch.seen) >= 3  # the jail, the init and the program were all seen (and are gone)
+    after = await sandbox.run("print('still fine')")
+    assert (after.stdout, after.exit_code, after.killed_reason) == ("still fine\n", 0, None)
+    return result
+
+
+def test_both_runners_implement_the_protocol(sandbox):
+    from slime_async.sandbox import RemoteSandbox
+
+    assert isinstance(sandbox, SandboxRunner)
+    assert isinstance(RemoteSandbox(["http://127.0.0.1:1"]), SandboxRunner)
+
+
+async def test_a_plain_run_reports_stdout_stderr_and_exit_code(sandbox):
+    result = await sandbox.run("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)")
+    assert (result.stdout, result.stderr, result.exit_code) == ("out\n", "err\n", 3)
+    assert (result.timed_out, result.killed_reason) == (False, None)
+    assert result.wall_s > 0
+    bash = await sandbox.run("echo $((6 * 7)); echo oops >&2; exit 4", language="bash")
+    assert (bash.stdout, bash.stderr, bash.exit_code) == ("42\n", "oops\n", 4)
+
+
+async def test_a_python_exception_is_an_ordinary_failure_with_its_traceback(sandbox):
+    result = await sandbox.run("x = 1\nraise KeyError('missing')")
+    assert result.exit_code == 1 and result.killed_reason is None
+    assert "raise KeyError('missing')" in result.stderr and "KeyError: 'missing'" in result.stderr
+
+
+async def test_fork_bomb_ends_at_the_process_limit_and_leaves_nothing(sandbox):
+    result = await contained_run(sandbox, FORK_BOMB)
+    assert result.killed_reason == "processes"
+    assert result.exit_code is None and not result.timed_out
+    assert result.stdout.startswith("bomb")
+
+
+async def test_bash_fork_bomb_is_contained(sandbox):
+    result = await contained_run(sandbox, ":(){ :|:& };:\nsleep 30", language="bash")
+    assert result.killed_reason == "processes"
+
+
+async def test_a_fork_bomb_does_not_starve_a_concurrent_run(sandbox):
+    # Each pool slot runs as its own uid, so the bomb's RLIMIT_NPROC count is its own.
+    bomb, neighbour = await asyncio.gather(
+        sandbox.run(FORK_BOMB),
+        sandbox.run("for i in 1 2 3 4 5 6 7 8; do echo $(echo $i) > /dev/null; sleep 0.1; done; echo ok",
+                    language="bash"))
+    assert bomb.killed_reason == "processes"
+    assert (neighbour.stdout, neighbour.exit_code) == ("ok\n", 0)
+
+
+async def test_infinite_loop_is_killed_at_the_wall_timeout(sandbox):
+    result = await contained_run(sandbox, "while True:\n    pass", timeout_s=1.0)
+    assert result.timed_out and result.killed_reason == "timeout" and result.exit_code is None
+    assert result.wall_s >= 1.0
+
+
+async def test_cpu_seconds_limit_ends_a_busy_loop():
+    sandbox = Sandbox(SandboxLimits(cpu_s=1, timeout_s=30.0, uid_base=LIBRARY_UID_BASE), max_concurrency=1)
+    result = await sandbox.run("while True:\n    pass")
+    assert result.killed_reason == "cpu" and not result.timed_out
+    assert result.exit_code == -24  # SIGXCPU
+
+
+async def test_a_10_gb_allocation_fails_fast_as_memory(sandbox):
+    result = await contained_run(sandbox, "x = bytearray(10 * 1024 ** 3)\nprint('allocated')")
+    assert result.killed_reason == "memory" and result.exit_code == 1
+    assert "MemoryError" in result.stderr and "allocated" not in result.stdout
+
+
+async def test_100_mb_of_stdout_is_truncated_and_the_run_ended(sandbox):
+    code = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))\nprint('end')"
+    result = await contained_run(sandbox, code)
+    assert result.killed_reason == "output_limit" and result.exit_code is None
+    assert result.stdout == "x" * TEST_LIMITS.output_bytes
+
+
+async def test_endless_stderr_is_truncated_too(sandbox):
+    result = await sandbox.run("yes error >&2", language="bash")
+    assert result.killed_reason == "output_limit"
+    assert len(result.stderr) == TEST_LIMITS.output_bytes and result.stderr.startswith("error\nerror\n")
+
+
+@pytest.fixture
+def world_writable_dir():
+    """A directory outside /tmp that anybody may write to (the uid alone would not stop a write)."""
+    path = Path(tempfile.mkdtemp(prefix=".sandbox-escape-", dir=Path(__file__).parent))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path)
+
+
+async def test_writing_outside_the_working_directory_fails(sandbox, tmp_path, world_writable_dir):
+    for target, error in ((tmp_path / "escaped.txt", "FileNotFoundError"),  # under /tmp: not even visible
+                          (world_writable_dir / "escaped.txt", "Read-only file system")):
+        result = await contained_run(sandbox, f"open({str(target)!r}, 'w').write('x')")
+        assert result.exit_code == 1 and error in result.stderr
+        assert not target.exists()
+    # Its /tmp is its own tmpfs: what it writes there never reaches this machine's /tmp.
+    marker = f"/tmp/sandbox-marker-{uuid.uuid4().hex}"
+    result = await sandbox.run(f"open({marker!r}, 'w').write('x')\nprint(open({marker!r}).read())")
+    assert result.stdout == "x\n" and not Path(marker).exists()
+
+
+async def test_the_working_directory_is_fresh_for_every_run(sandbox):
+    first = await sandbox.run("open('left.txt', 'w').write('x')\nimport os\nprint(os.getcwd())")
+    assert (first.stdout, first.exit_code) == ("/tmp\n", 0)
+    second = await sandbox.run("import os\nprint(sorted(os.listdir('.')))")
+    assert second.stdout == "['_main.py']\n"
+
+
+async def test_a_big_file_is_stopped_by_the_file_size_limit(sandbox):
+    result = await sandbox.run("open('big', 'wb').write(b'x' * (8 << 20))")
+    assert result.killed_reason == "file_size" and "File too large" in result.stderr
+
+
+async def test_the_code_cannot_read_this_process_environment(sandbox, monkeypatch):
+    monkeypatch.setenv("SANDBOX_TEST_SECRET", "hunter2-library")
+    code = """
+import glob, os
+print(sorted(os.environ))
+for path in glob.glob('/proc/*/environ'):
+    try:
+        if 'hunter2' in open(path, errors='replace').read():
+            print('LEAK', path)
+    except OSError:
+        pass
+print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
+"""
+    result = await contained_run(sandbox, code)
+    assert "hunter2" not in result.stdout and "LEAK" not in result.stdout
+    assert result.stdout.startswith("['HOME', 'LANG', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', "
+                                    "'OPENBLAS_NUM_THREADS', 'PATH', 'TMPDIR']")
+    assert "pids [1, 2]" in result.stdout  # its own PID namespace: only its init and itself
+
+
+async def test_the_code_cannot_connect_to_a_port_this_test_listens_on(sandbox):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\nprint('connected')"
+        result = await contained_run(sandbox, code)
+        assert result.exit_code == 1 and "connected" not in result.stdout
+        assert "Network is unreachable" in result.stderr
+        with pytest.raises(TimeoutError):
+            listener.accept()
+
+
+async def test_a_double_forked_daemon_dies_with_its_run(sandbox):
+    result = await contained_run(sandbox, DOUBLE_FORKED_DAEMON)
+    assert result.stdout == "daemon up\nmain done\n" and result.exit_code == 0
+
+
+async def test_files_and_stdin_reach_the_program(sandbox):
+    code = "import sys\nprint(open('data/in.txt').read().upper(), sys.stdin.read()[::-1])"
+    result = await sandbox.run(code, stdin="olleh", files={"data/in.txt": "numbers"})
+    assert (result.stdout, result.exit_code) == ("NUMBERS hello\n", 0)
+    bash = await sandbox.run("read line; echo \"$line $(cat f.txt)\"", language="bash", stdin="a b\n",
+                             files={"f.txt": "c"})
+    assert bash.stdout == "a b c\n"
+
+
+async def test_stdin_the_program_never_reads_does_not_hang_the_run(sandbox):
+    result = await sandbox.run("print('ignored stdin')", stdin="z" * (4 << 20))
+    assert (result.stdout, result.exit_code) == ("ignored stdin\n", 0)
+
+
+async def test_the_call_timeout_overrides_the_default_and_is_bounded(sandbox):
+    result = await sandbox.run("import time\ntime.sleep(20)", timeout_s=0.5)
+    assert result.timed_out and result.wall_s < TEST_LIMITS.timeout_s
+    with pytest.raises(ValueError, match="timeout_s=31 exceeds"):
+        await sandbox.run("pass", timeout_s=31)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"language": "ruby"}, "language"),
+    ({"files": {"../up.txt": "x"}}, "files"),
+    ({"files": {"/etc/x": "x"}}, "files"),
+    ({"files": {"_main.py": "x"}}, "files"),
+    ({"timeout_s": -1}, "timeout_s"),
+    ({"stdin": 5}, "stdin"),
+])
+async def test_bad_arguments_raise_a_value_error_naming_the_field(sandbox, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        await sandbox.run("pass", **kwargs)
+
+
+async def test_no_more_than_max_concurrency_runs_at_once():
+    sandbox = Sandbox(TEST_LIMITS, max_concurrency=2)
+    code = "import time\nprint(time.time())\ntime.sleep(1.0)\nprint(time.time())"
+    results = await asyncio.gather(*(sandbox.run(code) for _ in range(5)))
+    spans = [tuple(map(float, r.stdout.split())) for r in results]
+    most_at_once = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
+    assert most_at_once <= 2
+    assert sandbox.running == 0
+
+
+async def test_runs_do_not_block_the_event_loop(sandbox):
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    await sandbox.run("import time\ntime.sleep(1.0)")
+    ticker.cancel()
+    assert ticks >= 10
+
+
+async def test_a_cancelled_call_kills_its_run(sandbox):
+    with DescendantWatch(os.getpid()) as watch:
+        task = asyncio.create_task(sandbox.run("import time\nprint('up', flush=True)\ntime.sleep(60)"))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert_nothing_left(watch, LIBRARY_UID_BASE)
+    assert sandbox.running == 0
