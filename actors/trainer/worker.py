@@ -83,13 +83,34 @@ def serve(ops: Any, inbox: queue.Queue[_Call], rank: int) -> None:
             item.future.set_result(result)
 
 
-def _die_with_torchrun() -> None:
-    # torchrun is our parent; if it is SIGKILLed nobody would stop this rank otherwise.
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (PR_SET_PDEATHSIG): nobody would stop it otherwise.
+
+    The signal fires when the parent *thread* that started us ends: torchrun starts its ranks
+    from its main thread, and a rank runs its ops (checkpoint saves included) on its main thread.
+    """
     if sys.platform.startswith("linux"):
+        parent = os.getppid()
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except OSError:
-            pass
+            return
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+
+def _die_with_torchrun() -> None:
+    # torchrun is our parent; if it is SIGKILLed nobody would stop this rank otherwise.
+    _die_with_parent()
+
+
+# A multiprocessing "spawn" child of a rank imports this module, the rank's main module, as
+# __mp_main__. megatron-core's checkpoint writer starts such a child at the first save: a
+# Manager (~330 MB, it imports torch) whose resource tracker lives as long as it does. Neither
+# would notice the rank being killed; this makes the Manager die with it (and the tracker then
+# exits at the end of its pipe).
+if __name__ == "__mp_main__":
+    _die_with_parent()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

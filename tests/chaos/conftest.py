@@ -87,11 +87,11 @@ class ChaosRun:
                 pytest.fail(f"no {what} within {timeout:g} s:\n{self.log()[-4000:]}")
             time.sleep(0.1)
 
-    def wait_for_step(self, step: int, timeout: float = 120) -> dict:
+    def wait_for_step(self, step: int, timeout: float = 300) -> dict:
         return self.wait_until(lambda: next((m for m in self.train_steps() if m["step"] >= step), None),
                                timeout, f"trained step {step}")
 
-    def wait(self, timeout: float = 180) -> int:
+    def wait(self, timeout: float = 300) -> int:
         """The run's exit code (fails the test with the log's tail when it does not end in time)."""
         try:
             return self.process.wait(timeout=timeout)

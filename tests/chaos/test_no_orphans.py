@@ -1,0 +1,81 @@
+"""Chaos: kill -9 of any process of a run leaves no descendant of it alive.
+
+Every descendant is recorded while the run lives (psutil, every 0.2 s; tests/chaos/process_tree.py)
+— engine, torchrun, the Megatron ranks, and what the ranks start when they save a checkpoint
+(megatron-core's async writer keeps a multiprocessing Manager and its resource tracker) — and
+each recorded PID must be gone within seconds of the kill or of the run's end.
+"""
+
+import os
+import signal
+
+import pytest
+
+from conftest import base_argv, is_trainer_rank
+
+pytestmark = pytest.mark.slow
+
+
+def saving_argv(model, data, save, steps):
+    return [*base_argv(model, data, steps=steps), "--save", str(save), "--save-interval", "1"]
+
+
+def wait_for_checkpoint(run, save, step):
+    run.wait_until(lambda: (save / "latest").is_file() and (save / "latest").read_text() == f"step_{step:06d}",
+                   300, f"the step-{step} checkpoint")
+
+
+def checkpoint_helpers(run):
+    """The processes the ranks started (megatron's writer: a Manager and a resource tracker)."""
+    ranks = {r.pid for r in run.tracker.recorded() if is_trainer_rank(r.cmdline)}
+    helpers = []
+    for record in run.tracker.recorded():
+        try:
+            import psutil
+
+            if record.alive() and psutil.Process(record.pid).ppid() in ranks:
+                helpers.append(record)
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            pass
+    return helpers
+
+
+def test_kill_9_of_the_supervisor_leaves_no_descendant(launch, chaos_model, chaos_data, tmp_path):
+    save = tmp_path / "save"
+    run = launch(saving_argv(chaos_model, chaos_data, save, steps=20))
+    wait_for_checkpoint(run, save, 1)
+    run.tracker.scan()
+    recorded = run.tracker.recorded()
+    assert any("actors.engine.cpu" in r.cmdline for r in recorded)
+    assert any(is_trainer_rank(r.cmdline) for r in recorded)
+    assert checkpoint_helpers(run), "the checkpoint writer started no helper process: nothing to test"
+    run.kill9()
+    left = run.tracker.wait_all_gone(10)
+    assert left == [], f"survived kill -9 of the supervisor: {left}"
+
+
+def test_kill_9_of_a_trainer_rank_leaves_no_descendant(launch, chaos_model, chaos_data, tmp_path):
+    save = tmp_path / "save"
+    steps = 4
+    run = launch(saving_argv(chaos_model, chaos_data, save, steps=steps))
+    wait_for_checkpoint(run, save, 2)
+    run.tracker.scan()
+    helpers = checkpoint_helpers(run)
+    assert helpers, "the checkpoint writer started no helper process: nothing to test"
+    rank = next(r for r in run.tracker.recorded() if is_trainer_rank(r.cmdline) and r.alive())
+    os.kill(rank.pid, signal.SIGKILL)
+    # The run restarts itself from its latest checkpoint and trains to the end.
+    assert run.wait() == 0, run.log()[-4000:]
+    assert "restart 1 of" in run.log()
+    assert [m["step"] for m in run.train_steps()][-1] == steps
+    left = run.tracker.wait_all_gone(10)
+    assert left == [], f"survived kill -9 of a trainer rank and the run's end: {left}"
+
+
+def test_kill_9_of_the_engine_leaves_no_descendant_after_the_run(launch, chaos_model, chaos_data):
+    run = launch(base_argv(chaos_model, chaos_data, steps=3))
+    run.wait_for_step(1)
+    for pid in run.pids_of("actors.engine.cpu"):
+        os.kill(pid, signal.SIGKILL)
+    assert run.wait() == 0, run.log()[-4000:]
+    assert run.tracker.wait_all_gone(10) == []
