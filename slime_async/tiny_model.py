@@ -13,6 +13,7 @@ runs, so "123" is always three tokens: the arithmetic task learned with it depen
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -47,6 +48,40 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+# Qwen2.5's layout in miniature: tools listed in the system turn, calls as hermes <tool_call>
+# blocks, tool results as a user turn in <tool_response>. The assistant's generation prompt is
+# the start of its rendered turn, so a turn the model ended with <|im_end|> re-renders as it was
+# generated — the property token-exact trajectory capture relies on.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' "
+    "+ (call['function']['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+CHAT_TEMPLATES = {"plain": CHAT_TEMPLATE, "tools": TOOL_CHAT_TEMPLATE}
 
 _CHAT_WORDS = (
     "system user assistant you are a helpful math solver answer question think step by step "
@@ -183,6 +218,7 @@ def build_tiny_model(
     tie_word_embeddings: bool = False,
     seed: int = 0,
     corpus: Sequence[str] | None = None,
+    chat_template: str = "plain",
 ) -> Path:
     """Write a random-init HF causal LM (safetensors) and its tokenizer to `out_dir`."""
     spec = TinyModelSpec(
@@ -198,10 +234,13 @@ def build_tiny_model(
         seed=seed,
     )
     spec.validate()
+    if chat_template not in CHAT_TEMPLATES:
+        raise ValueError(f"--chat-template must be one of {', '.join(CHAT_TEMPLATES)}, got {chat_template!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = train_tokenizer(spec.vocab_size, spec.seed, corpus)
+    tokenizer.chat_template = CHAT_TEMPLATES[chat_template]
     if len(tokenizer) > spec.vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than --vocab-size {spec.vocab_size}")
     config = _model_config(spec, tokenizer)
@@ -219,6 +258,19 @@ def build_tiny_model(
     return out
 
 
+def set_chat_template(model_dir: str | Path, template: str) -> Path:
+    """Replace the chat template of the tokenizer saved in ``model_dir``."""
+    model_dir = Path(model_dir)
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = template
+    config_path.write_text(json.dumps(config))
+    template_file = model_dir / "chat_template.jinja"  # newer transformers save it here instead
+    if template_file.exists():
+        template_file.write_text(template)
+    return model_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     defaults = TinyModelSpec()
     parser = argparse.ArgumentParser(
@@ -233,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--" + field.replace("_", "-"), type=int, default=value)
     parser.add_argument("--tie-word-embeddings", action="store_true")
     parser.add_argument("--corpus", type=Path, help="train the tokenizer on this text file's lines instead of the built-in corpus")
+    parser.add_argument("--chat-template", choices=tuple(CHAT_TEMPLATES), default="plain",
+                        help="plain: ChatML turns; tools: also tools and hermes <tool_call> blocks (for the router front)")
     args = parser.parse_args(argv)
     corpus = None
     if args.corpus is not None:
@@ -254,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             tie_word_embeddings=args.tie_word_embeddings,
             seed=args.seed,
             corpus=corpus,
+            chat_template=args.chat_template,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -141,3 +141,21 @@ def test_unreadable_corpus_is_one_line_naming_the_flag(tmp_path, capsys):
         main(["--out", str(tmp_path / "m"), "--corpus", str(tmp_path / "missing.txt")])
     assert exit_info.value.code == 2
     assert "--corpus: cannot read" in capsys.readouterr().err
+
+
+def test_the_tools_chat_template_renders_tools_and_hermes_tool_calls(tmp_path):
+    path = build_tiny_model(tmp_path / "m", vocab_size=320, chat_template="tools")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tool = {"type": "function", "function": {"name": "run_python", "parameters": {"type": "object"}}}
+    call = {"type": "function", "function": {"name": "run_python", "arguments": {"code": "print(1)"}}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": "1"}]
+    text = tokenizer.apply_chat_template(messages, tools=[tool], tokenize=False)
+    assert '# Tools\n<tools>\n{"type": "function"' in text
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "run_python", "arguments": {"code": "print(1)"}}\n'
+            '</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response><|im_end|>\n') in text
+
+
+def test_an_unknown_chat_template_name_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--chat-template must be one of plain, tools"):
+        build_tiny_model(tmp_path / "m", chat_template="fancy")

@@ -3,7 +3,6 @@ CPU engine shared by the module's tests, scriptable fake engines, and a router w
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,39 +19,7 @@ from actors.router import RouterActor, RouterConfig
 from actors.router.text_model import TextModel
 from slime_async.actor import ActorRef, spawn
 from slime_async.net import free_port
-from slime_async.tiny_model import build_tiny_model
-
-# Qwen2.5's layout in miniature: tools listed in the system turn, calls as hermes <tool_call>
-# blocks, tool results as a user turn in <tool_response>. The assistant's generation prompt is
-# the start of its rendered turn, so a turn the model ended with <|im_end|> re-renders as it was
-# generated — the property token-exact trajectory capture relies on.
-TOOL_CHAT_TEMPLATE = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\\n' }}"
-    "{%- elif messages[0]['role'] == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' %}"
-    "{%- elif message['role'] == 'assistant' %}"
-    "{{- '<|im_start|>assistant' }}"
-    "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
-    "{%- for call in message.get('tool_calls') or [] %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' "
-    "+ (call['function']['arguments'] | tojson) + '}\\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- elif message['role'] == 'tool' %}"
-    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+from slime_async.tiny_model import TOOL_CHAT_TEMPLATE, build_tiny_model, set_chat_template
 
 ADD_TOOL = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
@@ -61,14 +28,7 @@ ADD_TOOL = {"type": "function", "function": {
 
 
 def with_tool_template(model_dir: Path) -> Path:
-    config_path = model_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = TOOL_CHAT_TEMPLATE
-    config_path.write_text(json.dumps(config))
-    template_file = model_dir / "chat_template.jinja"
-    if template_file.exists():
-        template_file.write_text(TOOL_CHAT_TEMPLATE)
-    return model_dir
+    return set_chat_template(model_dir, TOOL_CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="session")
