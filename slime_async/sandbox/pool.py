@@ -31,6 +31,7 @@ JAIL = str(Path(__file__).with_name("jail.py"))
 CODE_FILES = {"python": "_main.py", "bash": "_main.sh"}
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 READ_CHUNK = 64 << 10
+PIPE_GRACE_S = 5.0  # after the kill, how long the output pipes may stay open
 # How a program says an allocation failed under RLIMIT_AS (Python, libc, C++, bash).
 MEMORY_ERROR = re.compile(r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory")
 # ... and that a write passed RLIMIT_FSIZE (Python ignores SIGXFSZ and gets EFBIG; bash reports the
@@ -99,11 +100,12 @@ class Sandbox:
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._free_slots = list(range(max_concurrency))
         self.running = 0
+        self.runs = 0  # finished runs, for /health
 
     def describe(self) -> dict:
         return {"network_isolated": self.isolation.network_isolated, "namespaces": self.isolation.namespaces,
                 "unprivileged_uid": self.isolation.as_root, "isolation": self.isolation.detail,
-                "max_concurrency": self.max_concurrency, "running": self.running,
+                "max_concurrency": self.max_concurrency, "running": self.running, "runs": self.runs,
                 "limits": self.limits.to_dict()}
 
     async def close(self) -> None:
@@ -124,6 +126,7 @@ class Sandbox:
                 return await self._run(slot, language, code_file, stdin, files, timeout)
             finally:
                 self.running -= 1
+                self.runs += 1
                 self._free_slots.append(slot)
 
     def _spec(self, slot: int, language: str, code_file: str, files: dict[str, str],
@@ -186,12 +189,15 @@ class Sandbox:
         stdout, stderr = bytearray(), bytearray()
 
         async def pump(stream: asyncio.StreamReader, into: bytearray) -> None:
+            # Past the limit it keeps reading (and drops) until EOF: asyncio's wait() only returns
+            # once every pipe is closed, and a pipe nobody reads never sees its EOF.
             while chunk := await stream.read(READ_CHUNK):
                 room = limit - len(into)
-                into += chunk[:room]
                 if len(chunk) > room:
+                    into += chunk[:room]
                     overflow.set()
-                    return
+                else:
+                    into += chunk
 
         async def feed() -> None:
             try:
@@ -211,9 +217,14 @@ class Sandbox:
             if not finished.done():
                 reason = "output_limit" if overflow.is_set() else "timeout"
                 _kill_group(process)
-            await process.wait()
-            # The pipes close when the namespace is gone; without one, an escaped daemon may hold them.
-            await asyncio.wait(tasks[1:], timeout=2.0)
+            # The pipes close when the namespace is gone; without one, an escaped daemon may hold
+            # them open, and then they are closed here.
+            try:
+                await asyncio.wait_for(asyncio.shield(finished), PIPE_GRACE_S)
+            except asyncio.TimeoutError:
+                log.warning("sandbox: a process outside the run's process group still holds its output pipes")
+                process._transport.close()  # noqa: SLF001 - the public API has no way to drop the pipes
+                await process.wait()
         finally:
             for task in (*tasks, overflowed):
                 task.cancel()
