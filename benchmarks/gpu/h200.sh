@@ -16,13 +16,8 @@
 #           runtime on GPU (rl_sync_sglang.toml): SGLang launched by the runtime, NCCL updates.
 # Results land in $OUT; benchmarks/gpu/results/ keeps the copies.
 set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 NCCL_CUMEM_ENABLE=0
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source benchmarks/gpu/common.sh
 URL=http://127.0.0.1:30000
-pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@" 2>&1 | grep -v -i warning | tail -3; }
-elapsed() { echo "[$(( SECONDS ))s] $*"; }
 
 case ${1:?phase: stage-b1, trainer, sglang or rl} in
 stage-b1)  # only keep b1 for the sglang phase
@@ -52,23 +47,8 @@ sglang)
   python3 -c "import sglang; print('sglang', sglang.__version__)" || exit 3
   python3 -c "from pathlib import Path; from benchmarks.gpu.qwen_shapes import write_random_model as w; \
 w(Path('/tmp/m05'), 'qwen2.5-0.5b', norm_scale=10.0)" 2>&1 | tail -1
-  ARGV=$(python3 -c "import shlex; from actors.engine.sglang import build_sglang_argv as b; print(shlex.join(b(
-'/tmp/m05', port=30000, python='python3', passthrough={'attention_backend': 'triton', 'sampling_backend': 'pytorch',
-'mem_fraction_static': 0.6, 'log_level': 'warning'})))")
-  elapsed "launch: $ARGV"
-  CUDA_VISIBLE_DEVICES=0 setsid bash -c "exec $ARGV" > /tmp/sglang.log 2>&1 < /dev/null &
-  python3 - <<'PY'
-import time, urllib.request
-deadline = time.time() + 330  # the first launch JIT-compiles kernels for about 3 minutes
-while time.time() < deadline:
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:30000/health_generate", timeout=60) as r:
-            if r.status == 200:
-                break
-    except Exception:
-        time.sleep(2)
-PY
-  elapsed "SGLang ready? $(python3 -c "import urllib.request as u; print(u.urlopen('$URL/health_generate', timeout=30).status)" 2>&1 | tail -1)"
+  launch_sglang /tmp/m05 30000 0.6 /tmp/sglang.log
+  elapsed "$(wait_sglang $URL 330)"
   timeout 150 python3 benchmarks/engine_throughput.py --url $URL --compare-native --vocab-size 151936 \
     --compare-requests 256 --prompt-len 64 --max-new-tokens 1024 --repeats 3 > "$OUT/engine_compare.txt" 2>&1
   timeout 60 python3 benchmarks/engine_throughput.py --url $URL --vocab-size 151936 > "$OUT/engine_scaling.txt" 2>&1

@@ -18,15 +18,10 @@
 # Seen on 2026-12-01: a training run started with setsid in "run" and followed from the next call
 # was killed when "run" returned (SGLang, a session leader itself, survived), hence foreground runs.
 set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 SLIME_ASYNC_CACHE=/tmp/cache
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 NCCL_CUMEM_ENABLE=0
-OUT=${OUT:-/tmp/out}
+source benchmarks/gpu/common.sh
+export SLIME_ASYNC_CACHE=/tmp/cache
 WORK=/tmp/smollm2
-RUN=$WORK/run
 URL=http://127.0.0.1:30000
-mkdir -p "$OUT"
-elapsed() { echo "[$(( SECONDS ))s] $*"; }
-pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@" 2>&1 | grep -v -i warning | tail -3; }
 
 train() {  # train($1 = run name, $2 = seconds) in the foreground; SIGINT ends it (exit code 130)
   CUDA_VISIBLE_DEVICES=0 timeout -s INT "$2" python3 -m slime_async.cli train --config examples/smollm2_math/gpu.toml \
@@ -53,23 +48,8 @@ run)
   (cd $SLIME_ASYNC_CACHE/SmolLM2-135M-Instruct && echo "$(cut -d' ' -f1 $OLDPWD/.gpu-model/b/sha256)  SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c) || exit 5
   python3 examples/smollm2_math/prepare.py --out $WORK --dtype bfloat16 || exit 6
   elapsed "prepared"
-  ARGV=$(python3 -c "import shlex; from actors.engine.sglang import build_sglang_argv as b; print(shlex.join(b(
-'$WORK/model', port=30000, python='python3', passthrough={'attention_backend': 'triton', 'sampling_backend': 'pytorch',
-'mem_fraction_static': 0.35, 'log_level': 'warning'})))")
-  elapsed "launch: $ARGV"
-  CUDA_VISIBLE_DEVICES=0 setsid bash -c "exec $ARGV" > $WORK/sglang.log 2>&1 < /dev/null &
-  python3 - <<'PY'
-import time, urllib.request
-deadline = time.time() + 360  # the first launch JIT-compiles kernels for about 3 minutes
-while time.time() < deadline:
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:30000/health_generate", timeout=60) as r:
-            if r.status == 200:
-                break
-    except Exception:
-        time.sleep(2)
-PY
-  elapsed "SGLang ready? $(python3 -c "import urllib.request as u; print(u.urlopen('$URL/health_generate', timeout=30).status)" 2>&1 | tail -1)"
+  launch_sglang $WORK/model 30000 0.35 $WORK/sglang.log
+  elapsed "$(wait_sglang $URL 360)"
   train run1 $(( ${RUN_UNTIL_S:-540} - SECONDS ))
   ;;
 again)

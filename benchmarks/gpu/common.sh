@@ -1,0 +1,43 @@
+# Shared by the device-host drivers in benchmarks/gpu/ (source it from the repository root):
+# the offline install of carried wheels, an SGLang server left running across calls, and the
+# environment every NCCL process there needs.
+export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+# NVLink multicast off (KINDS.md); NCCL weight updates hang with cuMem allocations on either side.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 NCCL_CUMEM_ENABLE=0
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+
+elapsed() { echo "[$(( SECONDS ))s] $*"; }
+# Carried wheels into /tmp/site: no index (the host is offline), no dependency resolution.
+pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@" 2>&1 | grep -v -i warning | tail -3; }
+
+# launch_sglang MODEL_DIR PORT MEM_FRACTION LOG: start SGLang in its own session (it outlives the
+# call that starts it, until the host goes back) with the backends this host's build needs.
+launch_sglang() {
+  local argv
+  argv=$(python3 -c "import shlex, sys; from actors.engine.sglang import build_sglang_argv as b; print(shlex.join(b(
+sys.argv[1], port=int(sys.argv[2]), python='python3', passthrough={'attention_backend': 'triton',
+'sampling_backend': 'pytorch', 'mem_fraction_static': float(sys.argv[3]), 'log_level': 'warning'})))" "$1" "$2" "$3")
+  elapsed "launch: $argv"
+  CUDA_VISIBLE_DEVICES=${SGLANG_GPU:-0} setsid bash -c "exec $argv" > "$4" 2>&1 < /dev/null &
+}
+
+# wait_sglang URL [SECONDS]: until /health_generate answers 200 (the first launch JIT-compiles
+# kernels for about 3 minutes); prints the last status.
+wait_sglang() {
+  python3 - "$1" "${2:-360}" <<'PY'
+import sys, time, urllib.request
+url, deadline = sys.argv[1], time.time() + float(sys.argv[2])
+status = "no answer"
+while time.time() < deadline:
+    try:
+        with urllib.request.urlopen(url + "/health_generate", timeout=60) as r:
+            status = r.status
+            if status == 200:
+                break
+    except Exception as error:
+        status = type(error).__name__
+        time.sleep(2)
+print("SGLang", url, status)
+PY
+}
