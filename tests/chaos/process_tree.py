@@ -76,13 +76,16 @@ class DescendantTracker:
             record.kill()
 
     def scan(self) -> None:
-        roots = [self.root_pid] + [r.pid for r in self.recorded() if r.alive()]
-        for pid in roots:
-            try:
-                children = psutil.Process(pid).children(recursive=True)
-            except psutil.Error:
-                continue
-            for child in children:
+        """One pass over /proc: record every process below the root or below a recorded one."""
+        children: dict[int, list[psutil.Process]] = {}
+        for process in psutil.process_iter(["ppid"]):
+            children.setdefault(process.info["ppid"], []).append(process)
+        with self._lock:
+            known = {key[0] for key in self._recorded}
+        todo = [self.root_pid, *known]
+        seen = set(todo)
+        while todo:
+            for child in children.get(todo.pop(), []):
                 try:
                     key = (child.pid, child.create_time())
                     if key not in self._recorded:
@@ -91,6 +94,9 @@ class DescendantTracker:
                             self._recorded[key] = record
                 except psutil.Error:
                     continue
+                if child.pid not in seen:
+                    seen.add(child.pid)
+                    todo.append(child.pid)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -3,7 +3,8 @@
 Every descendant is recorded while the run lives (psutil, every 0.2 s; tests/chaos/process_tree.py)
 — engine, torchrun, the Megatron ranks, and what the ranks start when they save a checkpoint
 (megatron-core's async writer keeps a multiprocessing Manager and its resource tracker) — and
-each recorded PID must be gone within seconds of the kill or of the run's end.
+each recorded PID must be gone within seconds of the kill or of the run's end. (kill -9 of the
+engine: test_engine_restart.py.)
 """
 
 import os
@@ -13,7 +14,8 @@ import pytest
 
 from conftest import base_argv, is_trainer_rank
 
-pytestmark = pytest.mark.slow
+# Each case is one short run; on a busy shared machine its start-up alone can take minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def saving_argv(model, data, save, steps):
@@ -71,11 +73,3 @@ def test_kill_9_of_a_trainer_rank_leaves_no_descendant(launch, chaos_model, chao
     left = run.tracker.wait_all_gone(10)
     assert left == [], f"survived kill -9 of a trainer rank and the run's end: {left}"
 
-
-def test_kill_9_of_the_engine_leaves_no_descendant_after_the_run(launch, chaos_model, chaos_data):
-    run = launch(base_argv(chaos_model, chaos_data, steps=3))
-    run.wait_for_step(1)
-    for pid in run.pids_of("actors.engine.cpu"):
-        os.kill(pid, signal.SIGKILL)
-    assert run.wait() == 0, run.log()[-4000:]
-    assert run.tracker.wait_all_gone(10) == []
