@@ -152,6 +152,11 @@ def prepare_workdir(spec):
                     pass  # not worth failing the run: it only narrows where the program can write
     else:
         workdir = spec["host_workdir"]
+    return workdir
+
+
+def write_files(spec, workdir):
+    uid, gid = spec["uid"], spec["gid"]
     for relative, text in spec["files"].items():
         path = os.path.join(workdir, relative)
         parent = os.path.dirname(path)
@@ -163,7 +168,6 @@ def prepare_workdir(spec):
             for name in dirs + names:
                 os.lchown(os.path.join(root, name), uid, gid)
         os.chown(workdir, uid, gid)
-    return workdir
 
 
 def exec_program(spec, workdir, status_fd):
@@ -221,6 +225,12 @@ def supervise(spec, status_fd):
         workdir = prepare_workdir(spec)
     except BaseException as error:  # noqa: BLE001
         status["error"] = f"could not prepare the working directory: {error}"
+        os.write(status_fd, json.dumps(status).encode())
+        os._exit(1)
+    try:
+        write_files(spec, workdir)
+    except OSError as error:  # the caller's files do not fit (a file where a directory must be, no space)
+        status["error"], status["bad_request"] = f"files: could not write them: {error}", True
         os.write(status_fd, json.dumps(status).encode())
         os._exit(1)
     program = os.fork()

@@ -66,7 +66,8 @@ class RunResult:
     stderr: str
     exit_code: int | None  # the program's exit status; -N if signal N ended it; None if the sandbox killed it
     timed_out: bool
-    killed_reason: str | None  # one of KILLED_REASONS, or None when the program ended by itself
+    # one of KILLED_REASONS: a limit ended the run ("memory", "file_size": the program failed on one)
+    killed_reason: str | None
     wall_s: float
 
     def to_dict(self) -> dict:
@@ -119,5 +120,6 @@ def check_file_path(path: object) -> None:
     if not isinstance(path, str) or not path:
         raise ValueError(f"files: each key must be a non-empty relative path, got {path!r}")
     parts = PurePosixPath(path).parts
-    if path.startswith("/") or ".." in parts or "\0" in path:
-        raise ValueError(f"files: path {path!r} must be relative to the working directory, without '..'")
+    if path.startswith("/") or path.endswith("/") or ".." in parts or "\0" in path:
+        raise ValueError(f"files: path {path!r} must be a file's path relative to the working directory, "
+                         "without '..'")

@@ -240,7 +240,7 @@ class Sandbox:
                 raise SandboxError(f"the sandbox's jail ended (exit code {jail_exit}) without reporting the "
                                    f"program's status; stderr: {stderr[-2000:].decode(errors='replace')}")
             if status["error"]:
-                raise SandboxError(status["error"])
+                raise (ValueError if status.get("bad_request") else SandboxError)(status["error"])
             sig = status["signal"]
             exit_code = -sig if sig is not None else status["exit_code"]
             if status["processes_exceeded"]:

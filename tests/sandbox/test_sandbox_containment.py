@@ -228,6 +228,8 @@ async def test_the_call_timeout_overrides_the_default_and_is_bounded(sandbox):
     ({"files": {"../up.txt": "x"}}, "files"),
     ({"files": {"/etc/x": "x"}}, "files"),
     ({"files": {"_main.py": "x"}}, "files"),
+    ({"files": {"dir/": "x"}}, "files"),
+    ({"files": {"a": "x", "a/b": "y"}}, "files"),  # only found when the files are written
     ({"timeout_s": -1}, "timeout_s"),
     ({"stdin": 5}, "stdin"),
 ])

@@ -5,6 +5,8 @@ over between servers."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import aiohttp
 import pytest
@@ -82,6 +84,26 @@ async def test_a_missing_or_wrong_key_is_401(server):
 async def test_a_bad_request_is_400_naming_the_field(server, body, field):
     status, answer = await post(server.url, body)
     assert status == 400 and field in answer["error"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-concurrency", "0"], "max_concurrency"),
+    (["--timeout-s", "200"], "timeout_s=200.0 exceeds max_timeout_s"),
+    (["--processes", "-1"], "processes"),
+])
+def test_a_bad_flag_fails_at_start_with_one_line(flags, message):
+    done = subprocess.run([sys.executable, "-m", "slime_async.cli", "sandbox-server", *flags],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.startswith("slime-async sandbox-server: error: ") and message in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+async def test_the_server_keeps_serving_after_a_run_it_could_not_set_up(server):
+    status, answer = await post(server.url, {"code": "1", "files": {"a": "x", "a/b": "y"}})
+    assert status == 400 and answer["error"].startswith("files: ")
+    status, after = await post(server.url, {"code": "print('ok')"})
+    assert (status, after["stdout"]) == (200, "ok\n")
 
 
 async def test_fork_bomb_through_the_service(server):
