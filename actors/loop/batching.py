@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from policies.advantages import compute_advantages
+from policies.gae import ppo_advantages
 from policies.kl import kl_estimate
 from policies.loss_spec import LossSpec
 from policies.staleness import offpolicy_token_mask, staleness
@@ -32,6 +33,8 @@ def build_train_batch(
     mask_offpolicy: bool = False,
     ref_logprobs: Sequence[Sequence[float]] | None = None,
     old_logprobs: Sequence[Sequence[float]] | None = None,
+    values: Sequence[Sequence[float]] | None = None,
+    lambd: float = 1.0,
 ) -> tuple[Batch, dict[str, float]]:
     """The trainer batch for ``groups`` and the ``rollout/staleness_*`` metrics.
 
@@ -58,8 +61,18 @@ def build_train_batch(
         else:
             raise ValueError("the --kl-coef penalty needs the trainer's π_old logprobs (or --use-rollout-logprobs)")
         kl = kl_estimate(policy, _pad(ref_logprobs, width), spec.kl_loss_type)
-    advantages = compute_advantages(spec.advantage_estimator, rewards, group_ids, loss_mask, kl=kl,
-                                    kl_coef=spec.kl_coef, gamma=spec.gamma, normalize=spec.normalize_advantages)
+    returns = None
+    if spec.advantage_estimator == "ppo":
+        if values is None:
+            raise ValueError("--advantage-estimator ppo needs the critic's values of the batch")
+        # Tool output was not sampled by the policy: no KL cost there (slime scores it anyway).
+        advantages, returns = ppo_advantages(
+            rewards, _pad(values, width), torch.tensor([s.response_length for s in samples]), loss_mask,
+            gamma=spec.gamma, lambd=lambd, kl=kl * loss_mask if kl is not None else None, kl_coef=spec.kl_coef,
+            normalize=spec.normalize_advantages)
+    else:
+        advantages = compute_advantages(spec.advantage_estimator, rewards, group_ids, loss_mask, kl=kl,
+                                        kl_coef=spec.kl_coef, gamma=spec.gamma, normalize=spec.normalize_advantages)
     masks = [[int(m) for m in loss_mask[i, : s.response_length].tolist()] for i, s in enumerate(samples)]
     for sample, mask in zip(samples, masks):
         sample.loss_mask = mask
@@ -70,6 +83,10 @@ def build_train_batch(
         old_logprobs=old_logprobs,
         temperature=temperature,
     )
+    if returns is not None:
+        batch.values = [list(map(float, row)) for row in values]
+        batch.returns = [returns[i, : s.response_length].tolist() for i, s in enumerate(samples)]
+        batch.check()
     return batch, staleness_metrics(samples, train_version) | trajectory_metrics(samples)
 
 
@@ -81,7 +98,7 @@ def needs_reference(spec: LossSpec) -> bool:
 def needs_old_for_advantages(spec: LossSpec) -> bool:
     """Whether the advantages need π_old before training: the REINFORCE++ KL reward penalty."""
     return (spec.kl_coef > 0 and not spec.use_rollout_logprobs
-            and spec.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"))
+            and spec.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"))
 
 
 async def trainer_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]], temperature: float,

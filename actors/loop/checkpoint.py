@@ -1,9 +1,9 @@
 """Run checkpoints: the trainer's Megatron checkpoint plus everything else a resume needs.
 
 ``<save>/step_<N>/trainer/`` holds model, optimizer, LR schedule and RNG (Megatron distributed
-checkpoint); ``run_state.json`` holds the step, the policy version, the data cursor, prompts
-whose groups were in flight, and the buffer's groups, so a resumed run neither skips nor
-repeats a prompt. ``<save>/latest`` names the newest complete step directory.
+checkpoint), ``critic/`` the same for PPO's value model; ``run_state.json`` holds the step, the
+policy version, the data cursor, prompts whose groups were in flight, and the buffer's groups, so
+a resumed run neither skips nor repeats a prompt. ``<save>/latest`` names the newest complete step directory.
 """
 
 from __future__ import annotations
@@ -11,18 +11,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import logging
+
 import orjson
 
 from slime_async.actor import ActorRef
 from slime_async.config.sections import CheckpointConfig
 
 STATE_FILE = "run_state.json"
+CRITIC_DIR = "critic"
+
+log = logging.getLogger(__name__)
 
 
 class RunCheckpointer:
-    def __init__(self, config: CheckpointConfig, *, trainer: ActorRef | None, rollout: ActorRef, buffer: ActorRef):
+    def __init__(self, config: CheckpointConfig, *, trainer: ActorRef | None, rollout: ActorRef, buffer: ActorRef,
+                 critic: bool = False):
         self.config = config
         self.trainer = trainer
+        self.critic = critic and trainer is not None  # the trainer actor also runs PPO's critic group
         self.rollout = rollout
         self.buffer = buffer
 
@@ -35,13 +42,17 @@ class RunCheckpointer:
         return self.enabled and interval is not None and step % interval == 0
 
     async def save(self, step: int, version: int) -> Path:
-        root = Path(self.config.save)
+        # Absolute: the trainer ranks run in the repository root, not the user's directory.
+        root = Path(self.config.save).resolve()
         directory = root / f"step_{step:06d}"
         directory.mkdir(parents=True, exist_ok=True)
         if self.trainer is not None:
             await self.trainer.ask("save", str(directory / "trainer"), timeout=None)
+            if self.critic:
+                await self.trainer.ask("save_critic", str(directory / CRITIC_DIR), timeout=None)
             if self.config.save_hf:
-                await self.trainer.ask("export_hf", self.config.save_hf.format(step=step), timeout=None)
+                await self.trainer.ask("export_hf", str(Path(self.config.save_hf.format(step=step)).resolve()),
+                                       timeout=None)
         # Rollout first, then buffer: a group leaves the rollout's in-flight set in the same tick
         # as its `put` enters the buffer's mailbox, ahead of this `state_dict`, so no group can
         # be in neither snapshot; one can be in both, and is then kept only as buffered.
@@ -56,10 +67,15 @@ class RunCheckpointer:
 
     async def load(self, path: str) -> tuple[int, int]:
         """Restore from a step directory or a save root (its latest); returns (step, version)."""
-        directory = checkpoint_directory(path)
+        directory = checkpoint_directory(path).resolve()
         state = read_run_state(directory)
         if self.trainer is not None:
             await self.trainer.ask("load", str(directory / "trainer"), timeout=None)
+            if self.critic and (directory / CRITIC_DIR).is_dir():
+                await self.trainer.ask("load_critic", str(directory / CRITIC_DIR), timeout=None)
+            elif self.critic:
+                # A checkpoint of a run without a critic (GRPO, say) continued as PPO.
+                log.warning("--load %s has no %s/: the critic starts fresh", directory, CRITIC_DIR)
         await self.rollout.ask("load_state_dict", state["rollout"])
         await self.buffer.ask("load_state_dict", state["buffer"])
         return int(state["step"]), int(state["version"])

@@ -18,9 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from actors.buffer import BufferActor
+from actors.critic.config import critic_checkpoint, critic_trainer_config
 from actors.engine.fleet import build_fleet
 from actors.loop.batching import needs_reference
 from actors.loop.checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
+from actors.loop.critic import uses_critic
 from actors.loop.run import Handles, RunProgress, train_loop
 from actors.loop.replay import replay_loop
 from actors.loop.sft import sft_loop
@@ -130,7 +132,9 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             max_staleness=None if config.train.debug_rollout_only else config.max_staleness))),
     ]
     if not config.train.debug_rollout_only:
-        specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), logs))))
+        # PPO's critic is a second torchrun group of the same actor (one RPC agent per process).
+        critic = critic_trainer_config(config.trainer, config.critic) if uses_critic(config.algorithm) else None
+        specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), logs, critic=critic))))
 
     async def start_rollout():
         rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
@@ -147,7 +151,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     async def main(_root: Supervisor) -> int:
         trainer = None if config.train.debug_rollout_only else child("trainer")
         checkpointer = RunCheckpointer(config.checkpoint, trainer=trainer, rollout=child("rollout"),
-                                       buffer=child("buffer"))
+                                       buffer=child("buffer"), critic=uses_critic(config.algorithm))
         sync = None
         if trainer is not None:
             sync = WeightSync(trainer, child("router"), config.train.update_weight_transport,
@@ -155,6 +159,9 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
                               timeout=config.train.weight_update_timeout)
             await sync.check_engines()
         start_step = start_version = 0
+        if trainer is not None and config.critic.critic_load:
+            await trainer.ask("load_critic_weights", str(critic_checkpoint(config.critic.critic_load).resolve()),
+                              timeout=None)
         if config.checkpoint.load:
             start_step, start_version = await checkpointer.load(config.checkpoint.load)
         if sync is not None and (start_version > 0 or restarts or config.engine.engine_type == "external"):

@@ -15,6 +15,7 @@ from typing import Any
 
 from actors.loop.batching import advantage_logprobs, build_train_batch
 from actors.loop.checkpoint import RunCheckpointer
+from actors.loop.critic import critic_values, train_critic, trains_policy, uses_critic
 from actors.loop.debug_dump import dump_groups
 from actors.loop.weight_sync import WeightSync
 from slime_async.actor import ActorRef
@@ -66,17 +67,21 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
         ref_logprobs = old_logprobs = None
         if h.trainer is not None:
             ref_logprobs, old_logprobs = await advantage_logprobs(h.trainer, groups, spec, temperature)
+        values = await critic_values(h.trainer, groups, temperature) if h.trainer and uses_critic(spec) else None
         batch, metrics = build_train_batch(
             groups, spec, train_version=version, temperature=temperature, max_staleness=config.max_staleness,
             mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout, ref_logprobs=ref_logprobs,
-            old_logprobs=old_logprobs)
+            old_logprobs=old_logprobs, values=values, lambd=config.critic.lambd)
         if config.train.save_debug_rollout_data:
             dump_groups(config.train.save_debug_rollout_data, step + 1, groups)
         if h.trainer is not None:
             train_started = time.monotonic()
-            train_metrics = await h.trainer.ask("train_step", batch, spec,
-                                                max_response_len=rollout_cfg.rollout_max_response_len, timeout=None)
-            metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+            # The policy and the critic (PPO) train at once, each in its own torchrun group. During the
+            # critic's warm-up the policy rests; its unchanged weights still sync (the version paces admission).
+            policy_step = (h.trainer.ask("train_step", batch, spec, max_response_len=rollout_cfg.rollout_max_response_len,
+                                         timeout=None) if trains_policy(config, step) else _no_update())
+            train_metrics, critic_metrics = await asyncio.gather(policy_step, train_critic(h.trainer, batch, config))
+            metrics.update({f"train/{k}": v for k, v in train_metrics.items()} | critic_metrics)
             metrics["perf/train_time"] = time.monotonic() - train_started
         step += 1
         if h.weight_sync is not None and step % config.train.update_weights_interval == 0:
@@ -104,6 +109,10 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
         await h.checkpointer.save(step, version)
     await h.monitor.ask("flush")
     return 0
+
+
+async def _no_update() -> dict[str, float]:
+    return {}
 
 
 async def _next_groups(h: Handles, n_groups: int, version: int) -> list | None:

@@ -50,12 +50,14 @@ _WATCH_INTERVAL = 0.1
 
 
 class TrainerRankDied(RuntimeError):
-    def __init__(self, rank: int | None, pid: int | None, log_path: Path, tail: str, detail: str = ""):
-        who = f"trainer rank {rank} (pid {pid})" if rank is not None else "the trainer (torchrun)"
+    def __init__(self, rank: int | None, pid: int | None, log_path: Path, tail: str, detail: str = "",
+                 group: str = "trainer"):
+        who = f"{group} rank {rank} (pid {pid})" if rank is not None else f"the {group} (torchrun)"
         super().__init__(f"{who} died{': ' + detail if detail else ''}; last lines of {log_path}:\n{tail}")
         self.rank = rank
         self.pid = pid
         self.log_path = log_path
+        self.group = group  # "trainer" (the policy) or "critic"
 
 
 
@@ -107,67 +109,113 @@ def mean_step_metrics(per_step: Sequence[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
+@dataclasses.dataclass
+class _CriticGroup:
+    """PPO's value model: a second torchrun group of its own, in the policy's RPC group (torch's
+    RPC agent is process-wide, so the supervisor has one bridge for both)."""
+
+    config: TrainerConfig
+    num_ranks: int
+    child_ref: ActorRef | None = None
+    ranks: list[RankInfo] = dataclasses.field(default_factory=list)
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # the policy's ops may overlap
+
+    @property
+    def child(self) -> ProcessChild:
+        assert self.child_ref is not None
+        return self.child_ref.actor  # type: ignore[return-value]
+
+
 class TrainerActor(Actor):
-    def __init__(self, config: TrainerConfig, log_dir: str | Path, name: str = "trainer"):
+    """``critic``: the trainer section of PPO's value model (actors.critic), started as a second
+    torchrun group with the same readiness, log capture and failure reporting as the policy's;
+    either group's death fails the actor."""
+
+    def __init__(self, config: TrainerConfig, log_dir: str | Path, name: str = "trainer",
+                 critic: TrainerConfig | None = None):
         super().__init__(name)
         self.config = config.validate()
         self.log_dir = Path(log_dir)
         self.num_ranks = config.num_ranks(torch.cuda.is_available()) * config.actor_num_nodes
         self.ranks: list[RankInfo] = []
         self.child_ref: ActorRef | None = None
+        self.critic = (_CriticGroup(critic.validate(), critic.num_ranks(torch.cuda.is_available()) * critic.actor_num_nodes)
+                       if critic is not None else None)
         self.bridge: RpcBridge | None = None
         self._op_lock = asyncio.Lock()
         self._death: TrainerRankDied | None = None
         self._died = asyncio.Event()
 
     # ----- lifecycle -------------------------------------------------------------------------
-    def _spec(self, rpc_port: int) -> ProcessSpec:
+    @property
+    def _rpc_world_size(self) -> int:
+        return self.num_ranks + (self.critic.num_ranks if self.critic else 0) + 1
+
+    def _spec(self, rpc_port: int, role: str = "actor") -> ProcessSpec:
         # torchrun runs in the repository root, not the user's directory: every path it gets is absolute.
-        config_path = (self.log_dir / f"{self.name}_config.json").resolve()
-        config_path.write_text(self.config.with_absolute_paths().to_json())
+        critic = role == "critic"
+        config = self.critic.config if critic and self.critic else self.config
+        config_path = (self.log_dir / f"{self.name}{'_critic' if critic else ''}_config.json").resolve()
+        config_path.write_text(config.with_absolute_paths().to_json())
         argv = [
             sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(self.config.actor_num_nodes),
-            "--nproc-per-node", str(self.config.num_ranks(torch.cuda.is_available())),
+            "--nnodes", str(config.actor_num_nodes),
+            "--nproc-per-node", str(config.num_ranks(torch.cuda.is_available())),
             "--master-addr", "127.0.0.1",
-            "--master-port", str(self.config.master_port or free_port()),
+            # The critic's group never shares the policy's rendezvous port.
+            "--master-port", str((None if critic else config.master_port) or free_port()),
             "-m", "actors.trainer.worker",
             "--rpc-init-method", f"tcp://127.0.0.1:{rpc_port}",
-            "--rpc-world-size", str(self.num_ranks + 1),
+            "--rpc-world-size", str(self._rpc_world_size),
             "--config-json", str(config_path),
-            "--rpc-timeout", str(self.config.trainer_start_timeout),
+            "--rpc-timeout", str(config.trainer_start_timeout),
+            "--role", role,
+            # RPC rank 0 is the supervisor, then the policy's ranks, then the critic's.
+            "--rpc-rank-offset", str(1 + (self.num_ranks if critic else 0)),
         ]
         pythonpath = os.pathsep.join(p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
         env = {"PYTHONPATH": pythonpath, **nccl_env_defaults()}
         if self.config.trainer_num_threads:
             env["OMP_NUM_THREADS"] = str(self.config.trainer_num_threads)
-        return ProcessSpec(name=f"{self.name}-torchrun", argv=argv, env=env, cwd=str(_REPO_ROOT))
+        return ProcessSpec(name=f"{self.name}{'-critic' if critic else ''}-torchrun", argv=argv, env=env,
+                           cwd=str(_REPO_ROOT))
 
     async def on_start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         rpc_port = free_port()
         self.child_ref = await spawn(ProcessChild(self._spec(rpc_port), self.log_dir))
+        if self.critic is not None:
+            self.critic.child_ref = await spawn(ProcessChild(self._spec(rpc_port, "critic"), self.log_dir))
         self.bridge = RpcBridge(
-            f"tcp://127.0.0.1:{rpc_port}", self.num_ranks + 1, start_timeout=self.config.trainer_start_timeout
+            f"tcp://127.0.0.1:{rpc_port}", self._rpc_world_size, start_timeout=self.config.trainer_start_timeout
         )
+        refs = [self.child_ref] + ([self.critic.child_ref] if self.critic else [])
+        children = [self.child] + ([self.critic.child] if self.critic else [])
         try:
             joined = asyncio.ensure_future(self.bridge.start())
-            exited = asyncio.ensure_future(self.child_ref.wait())
+            exits = [asyncio.ensure_future(ref.wait()) for ref in refs]
             async with asyncio.timeout(self.config.trainer_start_timeout):
-                await asyncio.wait([joined, exited], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([joined, *exits], return_when=asyncio.FIRST_COMPLETED)
             if not joined.done():
-                exited.result()  # raises the torchrun failure (with its log tail)
-                raise RuntimeError(f"torchrun exited before the trainer ranks joined; see {self.child.log_path}")
-            exited.cancel()
+                for exited, child in zip(exits, children):
+                    if exited.done():
+                        exited.result()  # raises the torchrun failure (with its log tail)
+                        raise RuntimeError(f"torchrun exited before the trainer ranks joined; see {child.log_path}")
+            for exited in exits:
+                exited.cancel()
             joined.result()
             infos = await asyncio.gather(*(self._call(r, "info") for r in range(self.num_ranks)))
+            if self.critic is not None:
+                critic_infos = await asyncio.gather(*(self._call(r, "info", role="critic")
+                                                      for r in range(self.critic.num_ranks)))
+                self.critic.ranks = sorted(critic_infos, key=lambda info: info.rank)
         except BaseException as error:
             await self._teardown()
             if isinstance(error, TimeoutError):
+                tails = "\n".join(f"last lines of {child.log_path}:\n{log_tail(child.log_path)}" for child in children)
                 raise TimeoutError(
                     f"trainer ranks did not start within --trainer-start-timeout "
-                    f"{self.config.trainer_start_timeout:g} s; last lines of {self.child.log_path}:\n"
-                    f"{log_tail(self.child.log_path)}"
+                    f"{self.config.trainer_start_timeout:g} s; {tails}"
                 ) from None
             if isinstance(error, ActorFailed):
                 raise error.error from None
@@ -191,33 +239,43 @@ class TrainerActor(Actor):
 
     async def _watch(self) -> None:
         """Fail the actor (and every pending call) as soon as a rank or torchrun is gone."""
-        exited = asyncio.ensure_future(self.child_ref.wait())
+        # (group name, torchrun child, its ranks): the policy's, then the critic's.
+        groups = [("trainer", self.child_ref, self.ranks)]
+        if self.critic is not None:
+            groups.append(("critic", self.critic.child_ref, self.critic.ranks))
+        exits = [asyncio.ensure_future(ref.wait()) for _, ref, _ in groups]
         try:
             while True:
-                dead = [info for info in self.ranks if not _pid_alive(info.pid)]
-                if dead or exited.done():
+                failed = next((g for g, (_, _, ranks) in enumerate(groups)
+                               if exits[g].done() or any(not _pid_alive(info.pid) for info in ranks)), None)
+                if failed is not None:
                     break
-                await asyncio.wait([exited], timeout=_WATCH_INTERVAL)
+                await asyncio.wait(exits, timeout=_WATCH_INTERVAL, return_when=asyncio.FIRST_COMPLETED)
+            group, child_ref, ranks = groups[failed]
+            child = child_ref.actor
+            exited = exits[failed]
+            dead = [info for info in ranks if not _pid_alive(info.pid)]
             if dead and not exited.done():
                 # torchrun notices too and prints which rank failed and how; give it a moment.
                 await asyncio.wait([exited], timeout=_DEATH_REPORT_GRACE)
         finally:
-            if not exited.done():
-                exited.cancel()
+            for pending in exits:
+                if not pending.done():
+                    pending.cancel()
         detail = ""
         if exited.done() and not exited.cancelled() and exited.exception() is not None:
             error = exited.exception()
             cause = error.error if isinstance(error, ActorFailed) else error
             if isinstance(cause, ProcessExited):
                 detail = f"torchrun exited with code {cause.returncode}"
-        tail = log_tail(self.child.log_path, 40)
+        tail = log_tail(child.log_path, 40)
         # Ranks that torchrun stopped after the first failure are dead too by now: prefer
         # torchrun's own "first observed failure", then the first rank seen dead.
         root = _root_cause_rank(tail)
-        first = next((i for i in self.ranks if i.rank == root), None) or (dead[0] if dead else None)
+        first = next((i for i in ranks if i.rank == root), None) or (dead[0] if dead else None)
         death = TrainerRankDied(
             first.rank if first else None, first.pid if first else None,
-            self.child.log_path, tail, detail,
+            child.log_path, tail, detail, group=group,
         )
         self._death = death
         self._died.set()
@@ -239,23 +297,35 @@ class TrainerActor(Actor):
         if bridge is not None:
             bridge.fail_pending(RuntimeError(f"the trainer {self.name!r} is stopping"))
             await bridge.shutdown(graceful=False)
+        if self.critic is not None and self.critic.child_ref is not None:
+            await self.critic.child_ref.stop()
         if self.child_ref is not None:
             await self.child_ref.stop()
 
     # ----- RPC plumbing --------------------------------------------------------------------------
-    def _call(self, rank: int, op: str, *args: Any, **kwargs: Any) -> asyncio.Future:
+    def _call(self, rank: int, op: str, *args: Any, role: str = "actor", **kwargs: Any) -> asyncio.Future:
         if self._death is not None:
             raise self._death
         assert self.bridge is not None
         timeout = self.config.op_timeout
-        return self.bridge.call(f"trainer{rank}", worker.call, op, *args, timeout=timeout, **kwargs)
+        return self.bridge.call(f"{worker.rpc_prefix(role)}{rank}", worker.call, op, *args, timeout=timeout, **kwargs)
 
     async def _all(self, op: str, *args: Any, per_rank: Sequence[tuple] | None = None, **kwargs: Any) -> list[Any]:
         """Run ``op`` on every rank (rank r gets ``per_rank[r]`` as args when given)."""
-        async with self._op_lock:
+        return await self._all_of("actor", op, *args, per_rank=per_rank, **kwargs)
+
+    async def _all_of(self, role: str, op: str, *args: Any, per_rank: Sequence[tuple] | None = None,
+                      **kwargs: Any) -> list[Any]:
+        """`_all` on the ranks of ``role``'s group: "actor" (the policy) or "critic"."""
+        critic = role == "critic"
+        if critic and self.critic is None:
+            raise ValueError(f"critic op {op!r}, but this trainer has no critic (--advantage-estimator ppo)")
+        lock = self.critic.lock if critic else self._op_lock
+        num_ranks = self.critic.num_ranks if critic else self.num_ranks
+        async with lock:
             calls = [
-                self._call(r, op, *(per_rank[r] if per_rank is not None else args), **kwargs)
-                for r in range(self.num_ranks)
+                self._call(r, op, *(per_rank[r] if per_rank is not None else args), role=role, **kwargs)
+                for r in range(num_ranks)
             ]
             try:
                 return await asyncio.gather(*calls)
@@ -275,11 +345,13 @@ class TrainerActor(Actor):
                     c.cancel()
                 raise
 
-    def _shard(self, batch: Batch) -> tuple[list[list[int]], list[tuple]]:
-        """DP bins of sample indices and each rank's shard (TP/PP peers share their DP shard)."""
-        bins = split_across_dp(batch.lengths, self.dp_size)
+    def _shard(self, batch: Batch, ranks: Sequence[RankInfo] | None = None) -> tuple[list[list[int]], list[tuple]]:
+        """DP bins of sample indices and each rank's shard (TP/PP peers share their DP shard);
+        ``ranks``: another group's (the critic's) instead of the policy's."""
+        ranks = self.ranks if ranks is None else ranks
+        bins = split_across_dp(batch.lengths, ranks[0].dp_size)
         shards = [batch.select(b) for b in bins]
-        return bins, [(shards[info.dp_rank],) for info in self.ranks]
+        return bins, [(shards[info.dp_rank],) for info in ranks]
 
     # ----- operations (answered through defer) -----------------------------------------------------
     def train_step(self, batch: Batch, loss_spec: LossSpec, *, max_response_len: int | None = None) -> Deferred:
@@ -357,6 +429,55 @@ class TrainerActor(Actor):
 
     def rank_info(self) -> list[RankInfo]:
         return list(self.ranks)
+
+    # ----- the critic (PPO's value model, its own torchrun group) -----------------------------------
+    def critic_rank_info(self) -> list[RankInfo]:
+        return list(self.critic.ranks) if self.critic else []
+
+    def compute_values(self, batch: Batch) -> Deferred:
+        """The critic's value of every response token, per sample in batch order."""
+        return self.defer(self._compute_values(batch))
+
+    async def _compute_values(self, batch: Batch) -> list[list[float]]:
+        assert self.critic is not None, "compute_values needs a critic (--advantage-estimator ppo)"
+        bins, shards = self._shard(batch, self.critic.ranks)
+        results = await self._all_of("critic", "compute_values", per_rank=shards)
+        merged: list[list[float] | None] = [None] * len(batch)
+        for info, rows in zip(self.critic.ranks, results):
+            for index, row in zip(bins[info.dp_rank], rows or []):
+                merged[index] = row
+        return merged  # type: ignore[return-value]
+
+    def train_critic(self, batch: Batch, value_clip: float, loss_agg: str, *,
+                     max_response_len: int | None = None) -> Deferred:
+        """Train the critic on ``batch.returns`` (clipped around ``batch.values``): as many optimizer
+        steps as the policy takes on a rollout (--global-batch-size); their mean metrics."""
+        return self.defer(self._train_critic(batch, value_clip, loss_agg, max_response_len))
+
+    async def _train_critic(self, batch: Batch, value_clip: float, loss_agg: str,
+                            max_response_len: int | None) -> dict[str, float]:
+        assert self.critic is not None, "train_critic needs a critic (--advantage-estimator ppo)"
+        per_step = []
+        for indices in split_into_global_batches(len(batch), self.critic.config.global_batch_size):
+            part = batch.select(indices)
+            normalizer = part.normalizer(loss_agg, max_response_len)
+            _, shards = self._shard(part, self.critic.ranks)
+            per_rank = [(shard, value_clip, loss_agg, normalizer) for (shard,) in shards]
+            results = await self._all_of("critic", "train_step", per_rank=per_rank)
+            per_step.append(next(r for r in results if r is not None))
+        return mean_step_metrics(per_step)
+
+    def save_critic(self, path: str) -> Deferred:
+        """The critic's Megatron distributed checkpoint (model, value head, optimizer, schedule)."""
+        return self.defer(self._all_of("critic", "save", str(path)))
+
+    def load_critic(self, path: str) -> Deferred:
+        """Restore a checkpoint written by `save_critic` (a resume); answers its step."""
+        return self.defer(self._first_of(self._all_of("critic", "load", str(path))))
+
+    def load_critic_weights(self, path: str) -> Deferred:
+        """Only the value model's weights from a critic checkpoint (--critic-load)."""
+        return self.defer(self._all_of("critic", "load_weights", str(path)))
 
     @staticmethod
     async def _first_of(results) -> Any:

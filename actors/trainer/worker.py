@@ -83,6 +83,11 @@ def serve(ops: Any, inbox: queue.Queue[_Call], rank: int) -> None:
             item.future.set_result(result)
 
 
+def rpc_prefix(role: str) -> str:
+    """RPC worker names of a group's ranks: ``trainer<rank>`` (the policy), ``critic<rank>``."""
+    return "critic" if role == "critic" else "trainer"
+
+
 def _die_with_parent() -> None:
     """SIGKILL this process when its parent dies (PR_SET_PDEATHSIG): nobody would stop it otherwise.
 
@@ -119,6 +124,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rpc-world-size", type=int, required=True, help="trainer ranks + 1 (the supervisor)")
     parser.add_argument("--config-json", required=True, help="TrainerConfig as JSON")
     parser.add_argument("--rpc-timeout", type=float, default=300.0, help="seconds to join the RPC group")
+    parser.add_argument("--role", choices=("actor", "critic"), default="actor",
+                        help="actor: the policy (TrainerOps); critic: PPO's value model (actors.critic.ops.CriticOps)")
+    parser.add_argument("--rpc-rank-offset", type=int, default=1,
+                        help="RPC rank of this group's rank 0 (a critic group follows the policy's ranks)")
     return parser.parse_args(argv)
 
 
@@ -133,7 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     from actors.trainer.parallel import destroy_model_parallel
 
     config = TrainerConfig.from_json(Path(args.config_json).read_text())
-    ops = TrainerOps(config)
+    if args.role == "critic":
+        from actors.critic.ops import CriticOps
+
+        ops = CriticOps(config)
+    else:
+        ops = TrainerOps(config)
     log.info("model ready: %s", ops.info())
 
     inbox: queue.Queue[_Call] = queue.Queue()
@@ -143,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
 
     served._inbox = inbox
     options = backend_options(args.rpc_init_method, args.rpc_timeout)
-    rpc.init_rpc(f"trainer{rank}", rank=rank + 1, world_size=args.rpc_world_size, rpc_backend_options=options)
-    log.info("joined the RPC group as trainer%d", rank)
+    name = f"{rpc_prefix(args.role)}{rank}"
+    rpc.init_rpc(name, rank=rank + args.rpc_rank_offset, world_size=args.rpc_world_size, rpc_backend_options=options)
+    log.info("joined the RPC group as %s", name)
     try:
         serve(ops, inbox, rank)
     finally:

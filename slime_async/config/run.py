@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from actors.buffer import BufferConfig
+from actors.critic.config import CriticConfig, check_run as check_critic_run
 from actors.engine.config import EngineConfig
 from actors.loop.config import LoopConfig
 from actors.monitor import MonitorConfig
@@ -30,6 +31,7 @@ class RunConfig:
     buffer: BufferConfig = field(default_factory=BufferConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
@@ -50,6 +52,8 @@ class RunConfig:
         if self.buffer.buffer_capacity < rollout.rollout_batch_size:
             raise ValueError(f"--buffer-capacity ({self.buffer.buffer_capacity}) must hold at least one step's "
                              f"groups (--rollout-batch-size {rollout.rollout_batch_size})")
+        check_critic_run(self.algorithm.advantage_estimator, self.critic, loss_type=self.algorithm.loss_type,
+                         debug_rollout_only=train.debug_rollout_only, debug_train_only=train.debug_train_only)
 
     def _resolve_global_batch_size(self) -> None:
         """--num-steps-per-rollout sets --global-batch-size (as in slime); both must split a rollout
