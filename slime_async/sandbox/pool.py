@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slime_async.sandbox.limits import RunResult, SandboxLimits, check_request
+from slime_async.sandbox.slots import SlotPool
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ def exposed_paths(python: str) -> list[tuple[str, str]]:
 
 
 class Sandbox:
-    """In-process runner; see ``SandboxRunner`` for the ``run`` contract."""
+    """In-process runner; see ``SandboxRunner`` for the ``run`` contract. One instance may serve
+    several event loops (threads) at once; ``max_concurrency`` bounds them all together."""
 
     def __init__(self, limits: SandboxLimits | None = None, max_concurrency: int = 4):
         self.limits = (limits or SandboxLimits()).validate(max_concurrency)
@@ -97,10 +99,12 @@ class Sandbox:
         if not self.isolation.as_root:
             log.warning("sandbox runs as uid %d (not root): no uid drop, no RLIMIT_NPROC; the process limit "
                         "is only watched (every 50 ms), not enforced by the kernel", os.geteuid())
-        self._semaphore = asyncio.Semaphore(max_concurrency)
-        self._free_slots = list(range(max_concurrency))
-        self.running = 0
+        self._slots = SlotPool(max_concurrency)
         self.runs = 0  # finished runs, for /health
+
+    @property
+    def running(self) -> int:
+        return self._slots.in_use
 
     def describe(self) -> dict:
         return {"network_isolated": self.isolation.network_isolated, "namespaces": self.isolation.namespaces,
@@ -119,15 +123,12 @@ class Sandbox:
         if code_file in files:
             raise ValueError(f"files: {code_file!r} is where the sandbox puts the code; use another name")
         files[code_file] = code
-        async with self._semaphore:
-            slot = self._free_slots.pop()
-            self.running += 1
-            try:
-                return await self._run(slot, language, code_file, stdin, files, timeout)
-            finally:
-                self.running -= 1
-                self.runs += 1
-                self._free_slots.append(slot)
+        slot = await self._slots.acquire()
+        try:
+            return await self._run(slot, language, code_file, stdin, files, timeout)
+        finally:
+            self.runs += 1
+            self._slots.release(slot)
 
     def _spec(self, slot: int, language: str, code_file: str, files: dict[str, str],
               host_workdir: str | None) -> dict:

@@ -248,6 +248,29 @@ async def test_no_more_than_max_concurrency_runs_at_once():
     assert sandbox.running == 0
 
 
+async def test_one_sandbox_serves_two_event_loops_within_one_bound():
+    sandbox = Sandbox(TEST_LIMITS, max_concurrency=1)
+    code = "import time\nprint(time.time())\ntime.sleep(0.5)\nprint(time.time())"
+    # The reward thread has its own loop; both loops wait on the same slot.
+    other_loop = asyncio.to_thread(lambda: asyncio.run(sandbox.run(code)))
+    results = await asyncio.gather(other_loop, sandbox.run(code), sandbox.run(code))
+    spans = sorted(tuple(map(float, r.stdout.split())) for r in results)
+    assert all(earlier[1] <= later[0] for earlier, later in zip(spans, spans[1:]))  # one at a time
+    assert sandbox.running == 0 and sandbox.runs == 3
+
+
+async def test_a_call_cancelled_while_waiting_for_a_slot_gives_nothing_away():
+    sandbox = Sandbox(TEST_LIMITS, max_concurrency=1)
+    busy = asyncio.create_task(sandbox.run("import time\ntime.sleep(0.5)"))
+    await asyncio.sleep(0.05)
+    waiting = asyncio.create_task(sandbox.run("print('never')"))
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    await busy
+    assert (await sandbox.run("print('next')")).stdout == "next\n"
+    assert waiting.cancelled() and sandbox.running == 0
+
+
 async def test_runs_do_not_block_the_event_loop(sandbox):
     ticks = 0
 
