@@ -22,7 +22,7 @@ class Batch:
     rollout_logprobs: list[list[float]] | None = None  # μ from the engine
     ref_logprobs: list[list[float]] | None = None  # π_ref, when the KL loss is on
     old_logprobs: list[list[float]] | None = None  # π_old recompute (off-policy corrections)
-    values: list[list[float]] | None = None  # the critic's values at rollout (PPO with a critic)
+    values: list[list[float]] | None = None  # the critic's values before its update (PPO with a critic)
     returns: list[list[float]] | None = None  # GAE returns: the critic's targets
     temperature: float = 1.0  # rollout temperature: logprobs are of logits / temperature
     sample_ids: list[tuple[int, int]] = field(default_factory=list)  # (group_index, index)

@@ -106,6 +106,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         return await _sft_main(config, run_dir, dataset, tokenizer, total_steps)
     gpu_available = torch.cuda.is_available()
     trainer_gpus = 0 if config.train.debug_rollout_only or not gpu_available else config.trainer.actor_num_gpus_per_node
+    if gpu_available and uses_critic(config.algorithm):
+        trainer_gpus *= 2  # PPO's critic group takes as many GPUs again, after the policy's
     fleet = await build_fleet(config.engine, config.trainer.hf_checkpoint, logs, gpu_available=gpu_available,
                               first_gpu=trainer_gpus, gpu_count=torch.cuda.device_count() if gpu_available else 0)
     log.info("engines (%s): %s", fleet.kind, ", ".join(fleet.urls))

@@ -109,6 +109,16 @@ def mean_step_metrics(per_step: Sequence[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
+def _gpus_after(first: int, count: int) -> str:
+    """CUDA_VISIBLE_DEVICES for ``count`` GPUs from the ``first``-th of those this process sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if first + count > len(ids):
+        raise ValueError(f"the critic needs GPUs {first}..{first + count - 1} after the policy's, but "
+                         f"{len(ids)} are visible")
+    return ",".join(ids[first:first + count])
+
+
 @dataclasses.dataclass
 class _CriticGroup:
     """PPO's value model: a second torchrun group of its own, in the policy's RPC group (torch's
@@ -177,6 +187,9 @@ class TrainerActor(Actor):
         env = {"PYTHONPATH": pythonpath, **nccl_env_defaults()}
         if self.config.trainer_num_threads:
             env["OMP_NUM_THREADS"] = str(self.config.trainer_num_threads)
+        if critic and torch.cuda.is_available():
+            # A rank takes GPU LOCAL_RANK of those it sees: the critic's see the GPUs after the policy's.
+            env["CUDA_VISIBLE_DEVICES"] = _gpus_after(self.num_ranks, config.num_ranks(True))
         return ProcessSpec(name=f"{self.name}{'-critic' if critic else ''}-torchrun", argv=argv, env=env,
                            cwd=str(_REPO_ROOT))
 
