@@ -29,6 +29,21 @@ from slime_async.sandbox.pool import Sandbox, SandboxError
 log = logging.getLogger(__name__)
 
 RUN_FIELDS = ("language", "code", "stdin", "files", "timeout_s")
+LIMIT_HELP = {
+    "timeout_s": "wall-clock seconds of a run that gives no timeout_s",
+    "max_timeout_s": "the most timeout_s a call may ask for",
+    "cpu_s": "RLIMIT_CPU seconds per process",
+    "memory_bytes": "RLIMIT_AS per process",
+    "file_bytes": "RLIMIT_FSIZE: the largest file a run may write",
+    "workdir_bytes": "size of the run's tmpfs working directory",
+    "processes": "processes a run may have at once; reaching it ends the run",
+    "open_files": "RLIMIT_NOFILE",
+    "output_bytes": "bytes kept of stdout and of stderr; more ends the run",
+    "max_code_bytes": "largest code accepted",
+    "max_input_bytes": "largest stdin plus files accepted",
+    "python": "interpreter for language=python ('' = this one)",
+    "uid_base": "as root, pool slot i runs as uid/gid UID_BASE+i",
+}
 
 
 def _json(body: dict, status: int = 200) -> web.Response:
@@ -83,8 +98,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     limits = parser.add_argument_group("limits (per run)")
     for field in fields(SandboxLimits):
         flag = "--" + field.name.replace("_", "-")
-        limits.add_argument(flag, dest=field.name, type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name), help=f"default {getattr(defaults, field.name)!r}")
+        default = getattr(defaults, field.name)
+        limits.add_argument(flag, dest=field.name, type=type(default), default=default,
+                            help=f"{LIMIT_HELP[field.name]} (default {default!r})")
     return parser.parse_args(argv)
 
 
@@ -97,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"slime-async sandbox-server: error: {error}", file=sys.stderr)
         return 2
+
+    log.info("sandbox: max_concurrency=%d, isolation: %s, limits: %s", args.max_concurrency,
+             sandbox.isolation.detail, limits)
 
     async def serve() -> None:
         runner = web.AppRunner(build_app(sandbox, args.api_key), access_log=None)
