@@ -106,8 +106,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         return await _sft_main(config, run_dir, dataset, tokenizer, total_steps)
     gpu_available = torch.cuda.is_available()
     trainer_gpus = 0 if config.train.debug_rollout_only or not gpu_available else config.trainer.actor_num_gpus_per_node
-    if gpu_available and uses_critic(config.algorithm):
-        trainer_gpus *= 2  # PPO's critic group takes as many GPUs again, after the policy's
+    critic_first_gpu = critic_gpu_offset(config, trainer_gpus, torch.cuda.device_count() if gpu_available else 0)
+    trainer_gpus += critic_first_gpu  # 0 when the critic shares the policy's GPUs
     fleet = await build_fleet(config.engine, config.trainer.hf_checkpoint, logs, gpu_available=gpu_available,
                               first_gpu=trainer_gpus, gpu_count=torch.cuda.device_count() if gpu_available else 0)
     log.info("engines (%s): %s", fleet.kind, ", ".join(fleet.urls))
@@ -136,7 +136,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     if not config.train.debug_rollout_only:
         # PPO's critic is a second torchrun group of the same actor (one RPC agent per process).
         critic = critic_trainer_config(config.trainer, config.critic) if uses_critic(config.algorithm) else None
-        specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), logs, critic=critic))))
+        specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), logs, critic=critic,
+                                                                     critic_first_gpu=critic_first_gpu))))
 
     async def start_rollout():
         rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
@@ -189,6 +190,15 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
 
     return await run_supervised(root, main)
 
+
+
+def critic_gpu_offset(config: RunConfig, policy_gpus: int, gpu_count: int) -> int:
+    """The first GPU of PPO's critic group: right after the policy's when the host has GPUs for
+    both and for the SGLang engines, else 0 (it shares the policy's GPUs, as on a one-GPU host)."""
+    if not policy_gpus or not uses_critic(config.algorithm):
+        return 0
+    engine_gpus = config.engine.rollout_num_gpus if config.engine.engine_type in ("auto", "sglang") else 0
+    return policy_gpus if 2 * policy_gpus + engine_gpus <= gpu_count else 0
 
 
 def _text_model(config: RunConfig, tokenizer) -> TextModel:

@@ -114,8 +114,7 @@ def _gpus_after(first: int, count: int) -> str:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
     if first + count > len(ids):
-        raise ValueError(f"the critic needs GPUs {first}..{first + count - 1} after the policy's, but "
-                         f"{len(ids)} are visible")
+        raise ValueError(f"the critic needs GPUs {first}..{first + count - 1}, but {len(ids)} are visible")
     return ",".join(ids[first:first + count])
 
 
@@ -142,7 +141,7 @@ class TrainerActor(Actor):
     either group's death fails the actor."""
 
     def __init__(self, config: TrainerConfig, log_dir: str | Path, name: str = "trainer",
-                 critic: TrainerConfig | None = None):
+                 critic: TrainerConfig | None = None, critic_first_gpu: int = 0):
         super().__init__(name)
         self.config = config.validate()
         self.log_dir = Path(log_dir)
@@ -151,6 +150,7 @@ class TrainerActor(Actor):
         self.child_ref: ActorRef | None = None
         self.critic = (_CriticGroup(critic.validate(), critic.num_ranks(torch.cuda.is_available()) * critic.actor_num_nodes)
                        if critic is not None else None)
+        self.critic_first_gpu = critic_first_gpu  # on GPU: 0 shares the policy's GPUs
         self.bridge: RpcBridge | None = None
         self._op_lock = asyncio.Lock()
         self._death: TrainerRankDied | None = None
@@ -188,8 +188,8 @@ class TrainerActor(Actor):
         if self.config.trainer_num_threads:
             env["OMP_NUM_THREADS"] = str(self.config.trainer_num_threads)
         if critic and torch.cuda.is_available():
-            # A rank takes GPU LOCAL_RANK of those it sees: the critic's see the GPUs after the policy's.
-            env["CUDA_VISIBLE_DEVICES"] = _gpus_after(self.num_ranks, config.num_ranks(True))
+            # A rank takes GPU LOCAL_RANK of those it sees: the critic's see theirs from critic_first_gpu.
+            env["CUDA_VISIBLE_DEVICES"] = _gpus_after(self.critic_first_gpu, config.num_ranks(True))
         return ProcessSpec(name=f"{self.name}{'-critic' if critic else ''}-torchrun", argv=argv, env=env,
                            cwd=str(_REPO_ROOT))
 

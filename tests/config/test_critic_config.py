@@ -64,3 +64,15 @@ def test_the_cli_prints_one_line_without_a_traceback():
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert "--critic-lr applies to --advantage-estimator ppo" in result.stderr
+
+
+@pytest.mark.parametrize(("flags", "policy_gpus", "gpu_count", "first"), [
+    (["--engine-type", "sglang", "--rollout-num-gpus", "2"], 2, 8, 2),  # 2 policy + 2 critic + 2 engines fit
+    (["--engine-type", "sglang", "--rollout-num-gpus", "2"], 2, 4, 0),  # too few: the critic shares 0-1
+    (["--engine-type", "external", "--rollout-external-engine-addrs", "http://h:1"], 1, 2, 1),
+    (["--engine-type", "external", "--rollout-external-engine-addrs", "http://h:1"], 1, 1, 0),  # one GPU
+])
+def test_the_critic_takes_the_gpus_after_the_policys_when_the_host_has_them(flags, policy_gpus, gpu_count, first):
+    from actors.loop.launch import critic_gpu_offset
+
+    assert critic_gpu_offset(parse_run_config([*PPO, *flags]), policy_gpus, gpu_count) == first
