@@ -1,0 +1,100 @@
+"""Write the OpenAI-agent example's data: the code-interpreter task as chat episodes.
+
+    train.jsonl / heldout.jsonl  {"prompt": "What is 347*29+812?", "label": "10875"} (the agent
+                                 makes the user message of the prompt)
+    sft.jsonl                    ideal episodes rendered by the chat template with the tools, as
+                                 ``--loss-type sft`` segments: the assistant's tool call and final
+                                 answer trained, the template glue and the tool's output not —
+                                 split where the router front splits a recorded trajectory
+    corpus.txt                   the rendered episodes, for ``slime-async init-tiny-model --corpus``
+
+The template is ``--model DIR``'s (its tokenizer must render ``tools`` and tool calls), by
+default the tiny model's tool template (``init-tiny-model --chat-template tools``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: examples.agentic...
+
+from actors.router.tool_calls import template_messages  # noqa: E402
+from examples.agentic.code_interpreter import task  # noqa: E402
+from examples.agentic.openai_agent.agent import TOOLS, conversation  # noqa: E402
+
+END_OF_TURN = "<|im_end|>"  # where a model turn ends in ChatML templates (the model writes it)
+
+
+def load_template_tokenizer(model: Path | None) -> Any:
+    if model is None:
+        from slime_async.tiny_model import TOOL_CHAT_TEMPLATE, train_tokenizer
+
+        tokenizer = train_tokenizer(300, 0, corpus=["x"])  # only its template is used here
+        tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model))
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"--model {model}: not a tokenizer directory ({str(error).splitlines()[0]})")
+    if not tokenizer.chat_template:
+        raise SystemExit(f"--model {model}: the tokenizer has no chat template")
+    return tokenizer
+
+
+def episode_segments(tokenizer: Any, problem: task.Problem) -> tuple[str, list[dict[str, Any]]]:
+    """``(prompt text, SFT segments)`` of the ideal episode, cut from successive renders."""
+    messages = template_messages(conversation(problem))
+
+    def render(upto: int, generation_prompt: bool) -> str:
+        return tokenizer.apply_chat_template(messages[:upto], tools=TOOLS, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
+
+    prompt = render(1, True)
+    segments, done = [], prompt
+    for upto, train in ((2, True), (3, False), (4, True)):
+        text = render(upto, generation_prompt=not train)
+        if not text.startswith(done):
+            raise SystemExit("the chat template re-renders earlier turns differently; its episodes cannot be "
+                             "captured as one trajectory")
+        piece = text[len(done):]
+        if train:  # the model's turn ends with the end-of-turn token it writes; the newline is glue
+            piece = piece[:piece.index(END_OF_TURN) + len(END_OF_TURN)]
+        segments.append({"text": piece, "train": train})
+        done += piece
+    return prompt, segments
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--train", type=int, default=20000, help="training problems")
+    parser.add_argument("--heldout", type=int, default=128, help="held-out problems")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", type=Path, help="render with this tokenizer's chat template")
+    args = parser.parse_args(argv)
+    if args.train <= 0 or args.heldout <= 0:
+        parser.error("--train and --heldout must be > 0")
+    tokenizer = load_template_tokenizer(args.model)
+    train, heldout = task.split(args.seed, args.train, args.heldout)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, problems in (("train.jsonl", train), ("heldout.jsonl", heldout)):
+        with open(args.out / name, "w") as handle:
+            for problem in problems:
+                handle.write(json.dumps({"prompt": problem.question, "label": str(problem.answer)}) + "\n")
+    with open(args.out / "sft.jsonl", "w") as sft, open(args.out / "corpus.txt", "w") as corpus:
+        for problem in train:
+            prompt, segments = episode_segments(tokenizer, problem)
+            sft.write(json.dumps({"prompt": prompt, "label": segments}) + "\n")
+            corpus.write(prompt + "".join(s["text"] for s in segments) + "\n")
+    print(f"wrote {len(train)} training and {len(heldout)} held-out problems, {len(train)} SFT episodes to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
