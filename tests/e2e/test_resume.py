@@ -22,6 +22,12 @@ from transformers import AutoTokenizer
 from actors.rollout.data import PromptDataset
 from slime_async.tiny_model import build_tiny_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
+from process_tree import DescendantTracker  # noqa: E402 - the chaos suite's tracker, shared
+
+# The module's fixture runs two whole runs: more than pytest's default 300 s on a busy machine.
+pytestmark = pytest.mark.timeout(900)
+
 STEPS, SAVE_INTERVAL, GROUPS_PER_STEP = 6, 2, 2
 
 # Full-length generations, so generation runs while the checkpoint is taken; and one episode
@@ -54,30 +60,16 @@ def train_argv(root: Path, model: Path, data: Path, name: str, *extra: str) -> l
     ]
 
 
-def processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
-def is_trainer_rank(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
+def is_trainer_rank(cmdline: str) -> bool:
     return "actors.trainer.worker" in cmdline and "torch.distributed.run" not in cmdline
 
 
-def start_run(argv: list[str], log_path: Path, env: dict) -> subprocess.Popen:
+def start_run(argv: list[str], log_path: Path, env: dict) -> tuple[subprocess.Popen, DescendantTracker]:
+    """The run, and a tracker recording every process it starts while it lives (every 0.2 s)."""
     with open(log_path, "wb") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=log_path.parent, env=env,
-                                start_new_session=True)
+        run = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=log_path.parent, env=env,
+                               start_new_session=True)
+    return run, DescendantTracker(run.pid)
 
 
 def wait_for_checkpoint(save: Path, step: int, run: subprocess.Popen, log_path: Path) -> None:
@@ -117,28 +109,37 @@ def crash_and_resume(tmp_path_factory):
     save = root / "save"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
 
-    crashed = start_run(train_argv(root, model, data, "a"), root / "run-a.log", env)
+    crashed, tracker_a = start_run(train_argv(root, model, data, "a"), root / "run-a.log", env)
     wait_for_checkpoint(save, SAVE_INTERVAL, crashed, root / "run-a.log")
+    tracker_a.scan()
     os.killpg(crashed.pid, signal.SIGKILL)
     crashed.wait()
     latest = (save / "latest").read_text()
-    deadline = time.monotonic() + 30
-    while (left := processes_mentioning(str(root))) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    recorded_a, left_a = tracker_a.recorded(), tracker_a.wait_all_gone(30)
+    tracker_a.stop()
 
-    resumed = start_run(train_argv(root, model, data, "b", "--load", str(save)), root / "run-b.log", env)
+    resumed, tracker_b = start_run(train_argv(root, model, data, "b", "--load", str(save)), root / "run-b.log", env)
     wait_for_checkpoint(save, 2 * SAVE_INTERVAL, resumed, root / "run-b.log")
-    ranks = [pid for pid in processes_mentioning(str(root / "b")) if is_trainer_rank(pid)]
+    tracker_b.scan()
+    ranks = [r.pid for r in tracker_b.recorded() if is_trainer_rank(r.cmdline) and r.alive()]
     assert ranks, "no trainer rank of run B found"
     os.kill(ranks[0], signal.SIGKILL)
     assert resumed.wait(timeout=600) == 0, (root / "run-b.log").read_text()[-4000:]
+    recorded_b, left_b = tracker_b.recorded(), tracker_b.wait_all_gone(10)
+    tracker_b.stop()
+    for tracker in (tracker_a, tracker_b):
+        tracker.kill_survivors()  # so a failing check leaves nothing to the rest of the suite
     metrics = [json.loads(line) for line in (root / "b" / "metrics.jsonl").read_text().splitlines()]
-    return {"root": root, "order": order, "never_ends": never_ends, "save": save, "latest": latest, "left": left,
+    return {"root": root, "order": order, "never_ends": never_ends, "save": save, "latest": latest,
+            "recorded": {"a": recorded_a, "b": recorded_b}, "left": {"a": left_a, "b": left_b},
             "log_b": (root / "run-b.log").read_text(), "metrics": [m for m in metrics if "train/version" in m]}
 
 
-def test_a_sigkilled_run_leaves_no_engine_or_trainer_behind(crash_and_resume):
-    assert crash_and_resume["left"] == []
+def test_no_process_a_run_started_outlives_a_kill_9_of_the_run_or_of_its_trainer_rank(crash_and_resume):
+    # Every descendant recorded while the runs lived: engine, torchrun, ranks, checkpoint helpers.
+    recorded = crash_and_resume["recorded"]
+    assert any(is_trainer_rank(r.cmdline) for r in recorded["a"]) and any("actors.engine" in r.cmdline for r in recorded["a"])
+    assert crash_and_resume["left"] == {"a": [], "b": []}
 
 
 def test_the_resumed_run_continues_at_the_checkpointed_step_and_version(crash_and_resume):
