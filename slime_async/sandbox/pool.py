@@ -87,12 +87,19 @@ class Sandbox:
     """In-process runner; see ``SandboxRunner`` for the ``run`` contract. One instance may serve
     several event loops (threads) at once; ``max_concurrency`` bounds them all together."""
 
-    def __init__(self, limits: SandboxLimits | None = None, max_concurrency: int = 4):
+    def __init__(self, limits: SandboxLimits | None = None, max_concurrency: int = 4,
+                 isolation: Isolation | None = None):
+        """``isolation``: what to use instead of probing (tests of the fallback without namespaces)."""
         self.limits = (limits or SandboxLimits()).validate(max_concurrency)
         self.max_concurrency = max_concurrency
         self.python = self.limits.python or sys.executable
         self._exposed = exposed_paths(self.python)
-        self.isolation = probe_isolation()
+        self.isolation = isolation or probe_isolation()
+        if self._exposed and self.isolation.as_root and not self.isolation.namespaces:
+            hidden, prefix = self._exposed[0]
+            raise ValueError(f"sandbox: the interpreter {self.python} lives under {hidden}, which the sandbox's "
+                             "uids cannot enter, and without a mount namespace it cannot be exposed to them; "
+                             "set the python limit (--python) to an interpreter every user can run")
         if not self.isolation.namespaces:
             log.warning("SANDBOX IS NOT ISOLATED: %s. Runs can reach the network, see this machine's "
                         "processes, and a double-forked daemon can outlive its run.", self.isolation.detail)

@@ -4,9 +4,11 @@ checked for the reason it reports and for processes it left behind."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from slime_async.sandbox import Sandbox, SandboxLimits, SandboxRunner
+from slime_async.sandbox.pool import Isolation, exposed_paths
 from tests.sandbox.conftest import LIBRARY_UID_BASE, TEST_LIMITS, DescendantWatch, assert_nothing_left, requires_root
 
 pytestmark = requires_root
@@ -295,3 +298,33 @@ async def test_a_cancelled_call_kills_its_run(sandbox):
             await task
     assert_nothing_left(watch, LIBRARY_UID_BASE)
     assert sandbox.running == 0
+
+
+NO_NAMESPACES = Isolation(namespaces=False, as_root=True, detail="forced off for this test")
+
+
+async def test_without_namespaces_runs_use_a_host_directory_removed_afterwards():
+    if exposed_paths(sys.executable) and not Path("/usr/bin/python3").exists():
+        pytest.skip("no interpreter every user can run")
+    # /usr/bin/python3: this venv's interpreter may sit under /root, closed to the sandbox's uids
+    limits = dataclasses.replace(TEST_LIMITS, python="/usr/bin/python3") if exposed_paths(sys.executable) \
+        else TEST_LIMITS
+    sandbox = Sandbox(limits, max_concurrency=1, isolation=NO_NAMESPACES)
+    assert sandbox.describe()["network_isolated"] is False
+    with DescendantWatch(os.getpid()) as watch:
+        result = await sandbox.run("pwd; cat in/x; id -u; sleep 60 & echo started", language="bash",
+                                   files={"in/x": "hello\n"})
+    workdir, text, uid, started = result.stdout.split()
+    assert (text, uid, started, result.exit_code) == ("hello", str(LIBRARY_UID_BASE), "started", 0)
+    assert workdir.startswith(tempfile.gettempdir()) and not Path(workdir).exists()
+    assert_nothing_left(watch, LIBRARY_UID_BASE)  # the background sleep was in its process group
+    result = await sandbox.run("import os\nprint(os.getuid(), sorted(os.environ))\nwhile True:\n    pass",
+                               timeout_s=1.0)
+    assert result.killed_reason == "timeout" and result.stdout.startswith(f"{LIBRARY_UID_BASE} ['HOME', 'LANG'")
+
+
+def test_without_namespaces_an_interpreter_the_sandbox_uid_cannot_reach_fails_at_start():
+    if not exposed_paths(sys.executable):
+        pytest.skip("this interpreter is reachable by every user")
+    with pytest.raises(ValueError, match="--python"):
+        Sandbox(TEST_LIMITS, isolation=NO_NAMESPACES)
