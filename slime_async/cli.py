@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable
 
 from slime_async.config.flags import ConfigError
@@ -44,11 +45,16 @@ def _sandbox_server(argv: list[str]) -> int:
 
 
 def _train(argv: list[str]) -> int:
+    # Importing megatron-core to generate its flags warns that TE/Apex are absent; the trainer ranks,
+    # which do use the fallbacks, still say so in their own log. Here it buried the one error line.
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    from slime_async.config.loader import preflight
     from slime_async.config.run import parse_run_config
     from actors.loop.launch import run_train
 
     try:
         config = parse_run_config(argv)
+        preflight(config)  # paths and hooks: every config error fails here, before anything starts
     except ConfigError as error:
         print(f"slime-async train: error: {error}", file=sys.stderr)
         return 2

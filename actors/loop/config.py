@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from slime_async.config.flags import field_help as _help
+from slime_async.config.paths import require_dir
 
 TrainMode = Literal["sync", "one-step-off", "fully-async"]
 
@@ -36,3 +37,7 @@ class LoopConfig:
             raise ValueError("--debug-rollout-only and --debug-train-only exclude each other")
         if self.debug_train_only and not self.load_debug_rollout_data:
             raise ValueError("--debug-train-only needs --load-debug-rollout-data DIR")
+
+    def preflight(self) -> None:
+        if self.debug_train_only:
+            require_dir(self.load_debug_rollout_data, "--load-debug-rollout-data")

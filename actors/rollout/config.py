@@ -8,7 +8,10 @@ from typing import Any, Literal
 
 import yaml
 
-from actors.rollout.hooks import split_function_path
+from actors.rollout.hooks import check_hook, split_function_path
+from policies.rewards import BUILTIN_REWARDS
+from policies.sampling_filters import BUILTIN_FILTERS
+from slime_async.config.paths import require_file
 from slime_async.config.flags import JsonDict
 from slime_async.config.flags import field_help as _help
 
@@ -102,11 +105,41 @@ class RolloutConfig:
                     raise ValueError(f"--{name.replace('_', '-')}: {error}") from None
         if self.group_rm and not self.custom_rm_path:
             raise ValueError("--group-rm needs --custom-rm-path")
+        if not self.custom_rm_path and self.rm_type not in BUILTIN_REWARDS:
+            raise ValueError(f"--rm-type {self.rm_type!r} is not a built-in reward: choose one of "
+                             f"{', '.join(BUILTIN_REWARDS)}, or give --custom-rm-path")
+        if self.reward_timeout <= 0:
+            raise ValueError(f"--reward-timeout must be > 0, got {self.reward_timeout:g}")
+        if self.eval_max_response_len is not None and self.eval_max_response_len <= 0:
+            raise ValueError(f"--eval-max-response-len must be > 0, got {self.eval_max_response_len}")
         self.eval_sets()  # NAME PATH pairs
         if self.rollout_max_context_len is not None and self.rollout_max_context_len < 2:
             raise ValueError(f"--rollout-max-context-len must be >= 2 (a prompt token and a new one), "
                              f"got {self.rollout_max_context_len}")
         self.plugin_settings()  # the file exists and is a mapping
+
+    def preflight(self) -> None:
+        """What lies outside the config, checked once at start before anything is spawned: the
+        data files exist, every hook imports and takes the arguments it will be called with."""
+        if self.prompt_data:
+            require_file(self.prompt_data, "--prompt-data")
+        for path in self.eval_sets().values():
+            require_file(path, "--eval-prompt-data")
+        if self.custom_generate_function_path:
+            check_hook(self.custom_generate_function_path, "--custom-generate-function-path", (3,),
+                       "generate(ctx, sample, sampling_params)")
+        if self.rollout_function_path:
+            function = check_hook(self.rollout_function_path, "--rollout-function-path", (3,),
+                                  "rollout_group(ctx, samples, sampling_params)")
+            from actors.rollout.slime_plugins import SlimePlugins  # imports this module
+
+            SlimePlugins(self, None).group(function)  # refuses slime's whole-rollout generate_rollout
+        if self.custom_rm_path:
+            check_hook(self.custom_rm_path, "--custom-rm-path", (2,),
+                       "rm(ctx, samples)" if self.group_rm else "rm(ctx, sample)")
+        path = self.dynamic_sampling_filter_path
+        if path and path not in BUILTIN_FILTERS:
+            check_hook(path, "--dynamic-sampling-filter-path", (1, 2), "fn(rewards) or fn(args, samples)")
 
     def eval_sets(self) -> dict[str, str]:
         """``{name: path}`` of --eval-prompt-data: one PATH is the unnamed set "" (metrics

@@ -41,6 +41,8 @@ def load_function(path: str, flag: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ValueError(f"{flag}: cannot import module {module_name!r}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - the module itself is broken (SyntaxError, NameError, ...)
+        raise ValueError(f"{flag}: importing module {module_name!r} failed: {type(error).__name__}: {error}") from None
     function = getattr(module, attr, None)
     if function is None or not callable(function):
         raise ValueError(f"{flag}: module {module_name!r} has no function {attr!r}")
@@ -81,3 +83,28 @@ def _imports_compat(function: Callable[..., Any]) -> bool:
     except (OSError, TypeError):
         return False
     return COMPAT_PACKAGE in source
+
+
+def accepts_positional(function: Callable[..., Any], n: int) -> bool:
+    """Whether ``function`` can be called with ``n`` positional arguments (and no others)."""
+    try:
+        inspect.signature(function).bind(*range(n))
+    except TypeError:
+        return False
+    except ValueError:  # no signature to inspect (some builtins): let the call decide
+        return True
+    return True
+
+
+def check_hook(path: str, flag: str, calls: tuple[int, ...], shape: str) -> Callable[..., Any]:
+    """Import the hook at ``path`` and check it takes one of ``calls`` positional arguments;
+    ``shape`` is the signature the error shows. Errors name the flag."""
+    function = load_function(path, flag)
+    if not any(accepts_positional(function, n) for n in calls):
+        try:
+            signature = str(inspect.signature(function))
+        except (TypeError, ValueError):
+            signature = "(...)"
+        raise ValueError(f"{flag} {path}: {getattr(function, '__name__', path)}{signature} does not take the "
+                         f"arguments it will be called with: {shape}")
+    return function

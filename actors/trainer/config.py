@@ -76,6 +76,10 @@ class TrainerConfig:
     def validate(self) -> TrainerConfig:
         if not self.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required for the trainer")
+        for name in ("micro_batch_size", "global_batch_size", "max_tokens_per_gpu"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         if self.micro_batch_size is not None:
             # A fixed micro-batch size replaces the (default) token budget.
             self.max_tokens_per_gpu = None
@@ -92,6 +96,15 @@ class TrainerConfig:
         check_megatron_options(self.megatron)
         check_model_flags(self.megatron, self.hf_checkpoint)
         return self
+
+    def preflight(self) -> None:
+        """The model directories exist and hold what the trainer and engines load (checked at start)."""
+        from slime_async.config.paths import require_hf_model_dir
+
+        if self.hf_checkpoint:
+            require_hf_model_dir(self.hf_checkpoint, "--hf-checkpoint")
+        if self.ref_load:
+            require_hf_model_dir(self.ref_load, "--ref-load", tokenizer=False)
 
     def num_ranks(self, cuda: bool) -> int:
         """Training ranks per node: GPUs with CUDA, processes without."""

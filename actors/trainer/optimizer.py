@@ -79,6 +79,7 @@ def split_megatron_overrides(megatron: dict[str, Any]) -> MegatronSections:
 def check_megatron_options(megatron: dict[str, Any]) -> None:
     """Reject, at start, pass-through options megatron-core takes but this trainer would run wrongly."""
     sections = split_megatron_overrides(megatron)  # unknown keys raise here
+    _check_optimizer_values(megatron)
     schedule = ScheduleConfig(**sections.schedule)
     if schedule.lr_decay_style != "constant" and schedule.lr_decay_iters is None:
         raise ValueError(
@@ -92,6 +93,25 @@ def check_megatron_options(megatron: dict[str, Any]) -> None:
         raise ValueError("--overlap-param-gather with --use-distributed-optimizer defers the parameter all-gather "
                          "to the next forward, so a weight sync or export right after a step would read stale "
                          "shards; drop --overlap-param-gather")
+
+
+# Values megatron-core accepts but no optimizer can train with (a negative LR ascends the loss).
+_NON_NEGATIVE = ("lr", "min_lr", "weight_decay", "clip_grad", "lr_warmup_init")
+_UNIT_INTERVAL = ("adam_beta1", "adam_beta2")  # in [0, 1)
+
+
+def _check_optimizer_values(megatron: dict[str, Any]) -> None:
+    for name in _NON_NEGATIVE:
+        value = megatron.get(name)
+        if isinstance(value, (int, float)) and value < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value:g}")
+    for name in _UNIT_INTERVAL:
+        value = megatron.get(name)
+        if isinstance(value, (int, float)) and not 0 <= value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {value:g}")
+    eps = megatron.get("adam_eps")
+    if isinstance(eps, (int, float)) and eps <= 0:
+        raise ValueError(f"--adam-eps must be > 0, got {eps:g}")
 
 
 def has_grad_scaler(optimizer: Any) -> bool:

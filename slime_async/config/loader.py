@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 import tomllib
 import typing
@@ -68,8 +69,21 @@ class Schema:
         return flags
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (one line, exit 2 from the CLI) instead of printing the
+    whole usage of several hundred flags, and reads ``-1e-6`` as a number, not as a flag."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # argparse's own pattern (set in __init__) misses exponents: "--min-lr -1e-6" failed.
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+    def error(self, message: str):  # type: ignore[override]
+        raise ConfigError(message)
+
+
 def build_parser(schema: Schema, prog: str, description: str = "") -> tuple[argparse.ArgumentParser, list[FieldFlag]]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description=description,
         epilog=(
@@ -219,6 +233,27 @@ def _validate(obj: Any, name: str) -> None:
         raise ConfigError(f"{name}: {error}") from None
 
 
+def preflight(config: Any) -> None:
+    """Check what a config names outside itself (files, directories, importable hooks): each
+    section's ``preflight()``, then the root's. Run once at start, before anything is spawned;
+    kept apart from ``validate()`` so a config can be built and checked without those files."""
+    for f in dataclasses.fields(config):
+        _check(getattr(config, f.name), "preflight", f.name)
+    _check(config, "preflight", "config")
+
+
+def _check(obj: Any, method: str, name: str) -> None:
+    check = getattr(obj, method, None)
+    if check is None:
+        return
+    try:
+        check()
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(f"{name}: {error}") from None
+
+
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A plain, YAML-safe dict of a config (enums and dtypes as text)."""
 
@@ -247,5 +282,5 @@ def print_config(config: Any, file=sys.stdout) -> None:
     print(yaml.safe_dump(config_to_dict(config), sort_keys=False), file=file, end="")
 
 
-__all__ = ["ConfigError", "Schema", "build_parser", "load_config", "dump_config", "print_config",
+__all__ = ["ConfigError", "Schema", "build_parser", "load_config", "preflight", "dump_config", "print_config",
            "config_to_dict", "flag_name"]

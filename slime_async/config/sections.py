@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from slime_async.config.flags import field_help as _help
+from slime_async.config.paths import require_dir
 
 
 @dataclass
@@ -47,3 +48,7 @@ class CheckpointConfig:
             raise ValueError("--save-interval must be > 0")
         if self.save_interval is not None and not self.save:
             raise ValueError("--save-interval needs --save DIR")
+
+    def preflight(self) -> None:
+        if self.load:
+            require_dir(self.load, "--load")

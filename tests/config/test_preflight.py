@@ -1,0 +1,146 @@
+"""Every configuration and path error fails at start, before anything is spawned, in one line
+naming the flag: values the trainer would reject (learning rate, batch sizes), paths that do not
+exist or do not hold a model, hooks that do not import or take the wrong arguments, unknown
+built-in rewards. In-process (parse + preflight) for most cases; `slime-async train` as a
+process for a few, checking the exit code, the single stderr line and that nothing started."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from slime_async.config.flags import ConfigError
+from slime_async.config.loader import preflight
+from slime_async.config.run import parse_run_config
+from slime_async.tiny_model import build_tiny_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+HOOKS = textwrap.dedent('''
+    async def rm(ctx, sample):
+        return 1.0
+
+    async def rm_without_sample(ctx):
+        return 1.0
+
+    async def generate_two_args(ctx, sample):
+        return sample
+
+    def filter_three(a, b, c):
+        return True
+''')
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("preflight")
+    model = build_tiny_model(root / "model", arch="qwen2", seed=0)
+    (root / "prompts.jsonl").write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    (root / "preflight_hooks.py").write_text(HOOKS)
+    (root / "preflight_broken.py").write_text("def rm(ctx, sample)\n    return 1.0\n")
+    no_tokenizer = root / "no_tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(model / name, no_tokenizer / name)
+    no_weights = root / "no_weights"
+    no_weights.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model / name, no_weights / name)
+    (root / "empty").mkdir()
+    sys.path.insert(0, str(root))
+    yield {"root": root, "model": model, "prompts": root / "prompts.jsonl"}
+    sys.path.remove(str(root))
+
+
+def base(files) -> list[str]:
+    return ["--hf-checkpoint", str(files["model"]), "--prompt-data", str(files["prompts"])]
+
+
+def check(argv: list[str]) -> None:
+    preflight(parse_run_config(argv))
+
+
+def test_a_good_config_passes(files):
+    check(base(files) + ["--custom-rm-path", "preflight_hooks:rm"])
+
+
+CASES = {
+    "hf_checkpoint_missing": (["--hf-checkpoint", "{root}/nowhere"], r"--hf-checkpoint \S+/nowhere: no such directory"),
+    "hf_checkpoint_no_config": (["--hf-checkpoint", "{root}/empty"], r"--hf-checkpoint \S+/empty: no config.json"),
+    "hf_checkpoint_no_tokenizer": (["--hf-checkpoint", "{root}/no_tokenizer"], r"--hf-checkpoint \S+: no tokenizer"),
+    "hf_checkpoint_no_weights": (["--hf-checkpoint", "{root}/no_weights"], r"--hf-checkpoint \S+: no model weights"),
+    "ref_load_missing": (["--ref-load", "{root}/nowhere"], r"--ref-load \S+: no such directory"),
+    "lr_negative": (["--lr", "-0.001"], r"--lr must be >= 0, got -0.001"),
+    "min_lr_negative": (["--min-lr", "-1e-6"], r"--min-lr must be >= 0"),
+    "weight_decay_negative": (["--weight-decay", "-0.1"], r"--weight-decay must be >= 0"),
+    "adam_beta2_one": (["--adam-beta2", "1.0"], r"--adam-beta2 must be in \[0, 1\)"),
+    "micro_batch_size_zero": (["--micro-batch-size", "0"], r"--micro-batch-size must be > 0, got 0"),
+    "global_batch_size_negative": (["--global-batch-size", "-4"], r"--global-batch-size must be > 0, got -4"),
+    "max_tokens_per_gpu_zero": (["--max-tokens-per-gpu", "0"], r"--max-tokens-per-gpu must be > 0"),
+    "rollout_batch_size_zero": (["--rollout-batch-size", "0"], r"--rollout-batch-size must be > 0"),
+    "n_samples_per_prompt_zero": (["--n-samples-per-prompt", "0"], r"--n-samples-per-prompt must be > 0"),
+    "eval_max_response_len_zero": (["--eval-max-response-len", "0"], r"--eval-max-response-len must be > 0"),
+    "reward_timeout_zero": (["--reward-timeout", "0"], r"--reward-timeout must be > 0"),
+    "prompt_data_missing": (["--prompt-data", "{root}/nowhere.jsonl"], r"--prompt-data \S+/nowhere.jsonl: no such file"),
+    "eval_prompt_data_missing": (["--eval-prompt-data", "held", "{root}/nowhere.jsonl"],
+                                 r"--eval-prompt-data \S+/nowhere.jsonl: no such file"),
+    "load_missing": (["--load", "{root}/no_checkpoint"], r"--load \S+/no_checkpoint: no such directory"),
+    "rm_not_importable": (["--custom-rm-path", "no_such_module:rm"], r"--custom-rm-path: cannot import module"),
+    "rm_module_broken": (["--custom-rm-path", "preflight_broken:rm"],
+                         r"--custom-rm-path: importing module 'preflight_broken' failed: SyntaxError"),
+    "rm_no_such_function": (["--custom-rm-path", "preflight_hooks:nope"], r"--custom-rm-path: module .* has no function"),
+    "rm_wrong_signature": (["--custom-rm-path", "preflight_hooks:rm_without_sample"],
+                           r"--custom-rm-path preflight_hooks:rm_without_sample: rm_without_sample\(ctx\) does not "
+                           r"take the arguments it will be called with: rm\(ctx, sample\)"),
+    "generate_wrong_signature": (["--custom-generate-function-path", "preflight_hooks:generate_two_args"],
+                                 r"--custom-generate-function-path .*generate\(ctx, sample, sampling_params\)"),
+    "rollout_function_wrong_signature": (["--rollout-function-path", "preflight_hooks:rm"],
+                                         r"--rollout-function-path .*rollout_group\(ctx, samples, sampling_params\)"),
+    "filter_wrong_signature": (["--dynamic-sampling-filter-path", "preflight_hooks:filter_three"],
+                               r"--dynamic-sampling-filter-path .*fn\(rewards\) or fn\(args, samples\)"),
+    "rm_type_unknown": (["--rm-type", "deepscaler"], r"--rm-type 'deepscaler' is not a built-in reward"),
+    "config_file_missing": (["--config", "{root}/nowhere.toml"], r"--config \S+/nowhere.toml: no such file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_bad_config_fails_in_one_line_naming_the_flag(files, case):
+    extra, message = CASES[case]
+    argv = base(files) + [arg.format(root=files["root"]) for arg in extra]
+    with pytest.raises(ConfigError, match=message) as raised:
+        check(argv)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_custom_reward_may_leave_rm_type_at_a_slime_name(files):
+    # slime's rm_type names (deepscaler, dapo) are read by slime-style plug-ins, not by the runtime.
+    check(base(files) + ["--rm-type", "deepscaler", "--custom-rm-path", "preflight_hooks:rm"])
+
+
+def test_a_builtin_filter_needs_no_import(files):
+    check(base(files) + ["--dynamic-sampling-filter-path", "nonuniform"])
+
+
+@pytest.mark.slow  # three `slime-async train` processes (~5 s each on an idle 2-core machine)
+@pytest.mark.parametrize("extra, flag", [
+    (["--hf-checkpoint", "{root}/nowhere"], "--hf-checkpoint"),
+    (["--lr", "-0.001"], "--lr"),
+    (["--custom-rm-path", "preflight_hooks:rm_without_sample"], "--custom-rm-path"),
+])
+def test_slime_async_train_exits_2_with_one_line_before_starting_anything(files, extra, flag):
+    run_dir = files["root"] / f"run-{flag.strip('-')}"
+    argv = base(files) + [arg.format(root=files["root"]) for arg in extra] + ["--run-dir", str(run_dir)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(files["root"]), str(REPO)])}
+    result = subprocess.run([sys.executable, "-m", "slime_async.cli", "train", *argv], capture_output=True, text=True,
+                            timeout=120, env=env, cwd=files["root"])
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slime-async train: error:") and flag in lines[0], result.stderr
+    assert not run_dir.exists()  # the run never started: no run dir, no config dump, no children
