@@ -9,12 +9,14 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from slime_async.actor import ActorFailed, spawn
+from slime_async.actor import ActorFailed, ActorStopped, spawn
 from slime_async.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 EXIT_FAILURE = 1
+# How long a loop that lost an actor waits for the failing tree to say why.
+_FAILURE_REPORT_GRACE = 30.0
 
 
 def uvloop_available() -> bool:
@@ -45,28 +47,41 @@ async def run_supervised(
     """Start ``root``, run ``main(root)`` while it lives, and stop everything in order at the end.
 
     Returns the exit code: ``main``'s result (0 if None); non-zero when the tree failed (the
-    message names the child and its error); 128 + signal number after SIGINT/SIGTERM. Without
-    ``main`` the tree runs until a signal arrives or it fails.
+    console's last line names the first failure: the child and its error); 128 + signal number
+    after SIGINT/SIGTERM, which is acted on at once, during start-up too. Without ``main`` the
+    tree runs until a signal arrives or it fails.
     """
     loop = asyncio.get_running_loop()
     received: asyncio.Future[signal.Signals] = loop.create_future()
     for sig in signals:
         loop.add_signal_handler(sig, lambda s=sig: received.done() or received.set_result(s))
     try:
-        try:
-            ref = await spawn(root)
-        except Exception as error:  # noqa: BLE001 - a child failed to start
-            print(f"error: {root.name} failed to start: {error}", file=sys.stderr)
+        starting = asyncio.ensure_future(spawn(root))
+        await asyncio.wait([starting, received], return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            # Start-up can take minutes (engines loading, trainer ranks joining): cancelling it
+            # makes each supervisor stop the children it has started so far, in reverse.
+            log.warning("received %s during start-up: stopping", received.result().name)
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return 128 + received.result().value
+        if starting.exception() is not None:  # a child failed to start
+            report_error(f"{root.name} failed to start: {starting.exception()}")
             return EXIT_FAILURE
+        ref = starting.result()
         tree = asyncio.ensure_future(ref.wait())
         work = asyncio.ensure_future(main(root)) if main is not None else loop.create_future()
         await asyncio.wait([tree, work, received], return_when=asyncio.FIRST_COMPLETED)
+        if work.done() and not tree.done() and isinstance(work.exception(), ActorStopped):
+            # The loop lost an actor because the tree is failing: wait for the tree's reason
+            # (the child that failed first) instead of reporting the symptom.
+            await asyncio.wait([tree, received], timeout=_FAILURE_REPORT_GRACE, return_when=asyncio.FIRST_COMPLETED)
         if tree.done():
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
             error = tree.exception()
             if isinstance(error, ActorFailed):
-                print(f"error: {error.error}", file=sys.stderr)
+                report_error(str(error.error))
                 return EXIT_FAILURE
             return 0
         if received.done():
@@ -79,9 +94,19 @@ async def run_supervised(
         tree.cancel()
         if work.exception() is not None:
             error = work.exception()
-            print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+            report_error(f"{type(error).__name__}: {error}")
             return EXIT_FAILURE
         return int(work.result() or 0)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+
+
+def report_error(message: str, file=None) -> None:
+    """Print ``error: message``; a message of several lines (a log tail) ends with its first line
+    again, so the console's last line always says what failed."""
+    file = file or sys.stderr
+    print(f"error: {message}", file=file)
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    if "\n" in message.strip():
+        print(f"error: {first}", file=file)

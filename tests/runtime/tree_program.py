@@ -3,12 +3,15 @@
 usage: tree_program.py MODE LOG_DIR
   tree     a nested tree (a child ignoring SIGTERM, a child with a grandchild); runs until signalled
   crash    one permanent child that keeps crashing: the supervisor gives up
+  startup  a tree whose second child never gets ready: start-up lasts until signalled
+  lost     main waits on an actor that is stopped because a sibling process died: the console's
+           last line must name the dead process, not the lost actor
 """
 
 import asyncio
 import sys
 
-from slime_async.actor import spawn
+from slime_async.actor import Actor, spawn
 from slime_async.process import ProcessChild, ProcessSpec
 from slime_async.runtime import run, run_supervised
 from slime_async.supervisor import ChildSpec, Supervisor
@@ -17,6 +20,16 @@ PY = sys.executable
 IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
 HAS_GRANDCHILD = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"
 CRASHES = "import sys; print('something broke', flush=True); sys.exit(7)"
+DIES_LATER = "import sys, time; time.sleep(1); print('disk full', flush=True); sys.exit(3)"
+
+
+class Waiter(Actor):
+    def wait_forever(self):
+        return self.defer(asyncio.Event().wait())
+
+
+async def never_ready() -> bool:
+    return False
 
 
 def process(name: str, code: str, log_dir: str) -> ChildSpec:
@@ -36,6 +49,17 @@ async def main(mode: str, log_dir: str) -> int:
             await asyncio.Event().wait()
 
         return await run_supervised(root, announce)
+    if mode == "startup":
+        stuck = ProcessSpec("stuck", [PY, "-c", "import time; time.sleep(600)"], ready=never_ready, ready_timeout=600)
+        root = Supervisor("root", [
+            ChildSpec("inner", lambda: spawn(Supervisor("inner", [process("grandparent", HAS_GRANDCHILD, log_dir)]))),
+            ChildSpec("stuck", lambda: spawn(ProcessChild(stuck, log_dir))),
+        ])
+        return await run_supervised(root)
+    if mode == "lost":
+        root = Supervisor("root", [process("worker", DIES_LATER, log_dir), ChildSpec("waiter", lambda: spawn(Waiter()))],
+                          max_restarts=0, max_seconds=1)
+        return await run_supervised(root, lambda r: r.child("waiter").ask("wait_forever", timeout=None))
     root = Supervisor("root", [process("crasher", CRASHES, log_dir)], max_restarts=2, max_seconds=30)
     return await run_supervised(root)
 
