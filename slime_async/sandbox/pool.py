@@ -60,7 +60,7 @@ class Isolation:
 def probe_isolation() -> Isolation:
     as_root = os.geteuid() == 0
     try:
-        done = subprocess.run([sys.executable, "-I", JAIL, "--probe"], capture_output=True, text=True, timeout=30)
+        done = subprocess.run([sys.executable, "-I", "-S", JAIL, "--probe"], capture_output=True, text=True, timeout=30)
         report = json.loads(done.stdout)
     except (OSError, ValueError, subprocess.SubprocessError) as error:
         return Isolation(False, as_root, f"probe failed: {error}")
@@ -171,7 +171,7 @@ class Sandbox:
         started = time.monotonic()
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", JAIL, str(status_write), stdin=asyncio.subprocess.PIPE,
+                sys.executable, "-I", "-S", JAIL, str(status_write), stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, pass_fds=(status_write,),
                 start_new_session=True, env={"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"})
         except BaseException:
