@@ -196,9 +196,16 @@ class TrainerActor(Actor):
     async def on_start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         rpc_port = free_port()
-        self.child_ref = await spawn(ProcessChild(self._spec(rpc_port), self.log_dir))
-        if self.critic is not None:
-            self.critic.child_ref = await spawn(ProcessChild(self._spec(rpc_port, "critic"), self.log_dir))
+        # Both specs first: a critic that cannot be placed fails before anything is started.
+        spec = self._spec(rpc_port)
+        critic_spec = self._spec(rpc_port, "critic") if self.critic is not None else None
+        self.child_ref = await spawn(ProcessChild(spec, self.log_dir))
+        if critic_spec is not None:
+            try:
+                self.critic.child_ref = await spawn(ProcessChild(critic_spec, self.log_dir))
+            except BaseException:
+                await self._teardown()
+                raise
         self.bridge = RpcBridge(
             f"tcp://127.0.0.1:{rpc_port}", self._rpc_world_size, start_timeout=self.config.trainer_start_timeout
         )
