@@ -112,18 +112,19 @@ def make_read_only(path):
     _check(result, f"mount_setattr {path}")
 
 
-def expose(pairs):
-    """Hide each directory the program's uid could not enter anyway (e.g. /root, mode 0700) under
-    an empty tmpfs, and bind back the one path below it the program needs (the interpreter's
-    install prefix), so the server user's files stay out of reach."""
-    for hidden, path in pairs:
-        source = os.open(path, os.O_PATH | os.O_DIRECTORY)
+def hide(mounts):
+    """Show each directory as an empty tmpfs, with the listed paths below it bound back (the
+    interpreter's prefix under /root, a venv inside a hidden repository)."""
+    for directory, keep in mounts:
+        sources = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep]
         try:
-            mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            mount(f"/proc/self/fd/{source}", path, None, MS_BIND | MS_REC)
+            mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            for path, source in zip(keep, sources):
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                mount(f"/proc/self/fd/{source}", path, None, MS_BIND | MS_REC)
         finally:
-            os.close(source)
+            for source in sources:
+                os.close(source)
 
 
 def prepare_workdir(spec):
@@ -132,7 +133,7 @@ def prepare_workdir(spec):
     if spec["isolate"]:
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates back to the host
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        expose(spec["expose"])
+        hide(spec["hide"])
         # The whole filesystem read-only (then only the tmpfs below is writable): a directory the
         # program's uid may write to (mode 0777 somewhere) is still out of reach.
         try:

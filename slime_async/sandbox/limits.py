@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Protocol, runtime_checkable
 
 LANGUAGES = ("python", "bash")
@@ -33,6 +33,9 @@ class SandboxLimits:
     max_input_bytes: int = 8 << 20  # stdin plus all files
     python: str = ""  # interpreter for language="python"; "" = the one running the sandbox
     uid_base: int = 65000  # as root, pool slot i runs as uid/gid uid_base + i (a uid no real user has)
+    # Directories the code sees empty (the task's answers, the repository); the interpreter's own
+    # directories below them stay visible. Everything else is visible read-only.
+    hidden_paths: tuple[str, ...] = ()
 
     def validate(self, max_concurrency: int = 1) -> "SandboxLimits":
         for name in ("timeout_s", "max_timeout_s"):
@@ -54,6 +57,10 @@ class SandboxLimits:
         if not (1 <= self.uid_base and self.uid_base + max_concurrency - 1 < 65534):
             raise ValueError(f"sandbox uid_base={self.uid_base} with max_concurrency={max_concurrency} "
                              "must give uids between 1 and 65533")
+        for path in self.hidden_paths:
+            if not (isinstance(path, str) and path.startswith("/") and path.rstrip("/") and Path(path).is_dir()):
+                raise ValueError(f"sandbox limit hidden_paths: {path!r} must be an existing directory's absolute "
+                                 "path (not /)")
         return self
 
     def to_dict(self) -> dict:

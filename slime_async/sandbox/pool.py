@@ -70,17 +70,37 @@ def probe_isolation() -> Isolation:
     return Isolation(False, as_root, f"namespaces unavailable: {report['error']}")
 
 
-def exposed_paths(python: str) -> list[tuple[str, str]]:
-    """(hidden directory, path to bind back) when an ancestor of the interpreter's install prefix
-    is closed to other users (pyenv under /root): the run's uid could not even start it."""
+def interpreter_paths(python: str) -> list[Path]:
+    """The directories the interpreter needs: its install prefix and, for a venv, the venv."""
     if python == sys.executable:
-        prefix = Path(sys.base_prefix).resolve()
+        paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
     else:
-        prefix = Path(python).resolve().parent.parent
-    for ancestor in reversed(prefix.parents):
-        if ancestor != Path("/") and not ancestor.stat().st_mode & stat.S_IXOTH:
-            return [(str(ancestor), str(prefix))]
-    return []
+        paths = {Path(python).resolve().parent.parent, Path(python).absolute().parent.parent}
+    return sorted(paths)
+
+
+def closed_ancestors(python: str) -> list[Path]:
+    """Ancestors of the interpreter's directories that other users cannot enter (pyenv under
+    /root): through them the run's uid could not even start it."""
+    closed = []
+    for path in interpreter_paths(python):
+        for ancestor in reversed(path.parents):  # from / down
+            if ancestor != Path("/") and not ancestor.stat().st_mode & stat.S_IXOTH:
+                closed.append(ancestor)
+                break
+    return closed
+
+
+def hidden_mounts(python: str, hidden_paths: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    """(directory shown empty, paths below it bound back): the directories ``hidden_paths`` names
+    and the closed ancestors of the interpreter; the interpreter's own directories stay visible."""
+    needed = interpreter_paths(python)
+    mounts: list[tuple[str, list[str]]] = []
+    for directory in sorted({Path(p).resolve() for p in hidden_paths} | set(closed_ancestors(python))):
+        if any(Path(earlier) in directory.parents for earlier, _ in mounts):
+            continue  # already inside a hidden directory
+        mounts.append((str(directory), [str(p) for p in needed if p == directory or directory in p.parents]))
+    return mounts
 
 
 class Sandbox:
@@ -93,13 +113,17 @@ class Sandbox:
         self.limits = (limits or SandboxLimits()).validate(max_concurrency)
         self.max_concurrency = max_concurrency
         self.python = self.limits.python or sys.executable
-        self._exposed = exposed_paths(self.python)
         self.isolation = isolation or probe_isolation()
-        if self._exposed and self.isolation.as_root and not self.isolation.namespaces:
-            hidden, prefix = self._exposed[0]
-            raise ValueError(f"sandbox: the interpreter {self.python} lives under {hidden}, which the sandbox's "
-                             "uids cannot enter, and without a mount namespace it cannot be exposed to them; "
-                             "set the python limit (--python) to an interpreter every user can run")
+        self._hidden = hidden_mounts(self.python, self.limits.hidden_paths)
+        if not self.isolation.namespaces:
+            closed = closed_ancestors(self.python)
+            if closed and self.isolation.as_root:
+                raise ValueError(f"sandbox: the interpreter {self.python} lives under {closed[0]}, which the "
+                                 "sandbox's uids cannot enter, and without a mount namespace it cannot be exposed "
+                                 "to them; set the python limit (--python) to an interpreter every user can run")
+            if self.limits.hidden_paths:
+                raise ValueError("sandbox: hidden_paths needs a mount namespace, which this machine does not allow "
+                                 f"({self.isolation.detail})")
         if not self.isolation.namespaces:
             log.warning("SANDBOX IS NOT ISOLATED: %s. Runs can reach the network, see this machine's "
                         "processes, and a double-forked daemon can outlive its run.", self.isolation.detail)
@@ -155,8 +179,8 @@ class Sandbox:
                    "NOFILE": limits.open_files, "CORE": 0}
         if uid is not None:
             rlimits["NPROC"] = limits.processes  # counted per uid, and each slot has its own uid
-        return {"isolate": self.isolation.namespaces, "expose": self._exposed, "uid": uid, "gid": uid, "argv": argv, "env": env,
-                "rlimits": rlimits, "files": files, "workdir_bytes": limits.workdir_bytes,
+        return {"isolate": self.isolation.namespaces, "hide": self._hidden, "uid": uid, "gid": uid, "argv": argv,
+                "env": env, "rlimits": rlimits, "files": files, "workdir_bytes": limits.workdir_bytes,
                 "processes": limits.processes, "host_workdir": host_workdir}
 
     async def _run(self, slot: int, language: str, code_file: str, stdin: str, files: dict[str, str],

@@ -43,6 +43,7 @@ LIMIT_HELP = {
     "max_input_bytes": "largest stdin plus files accepted",
     "python": "interpreter for language=python ('' = this one)",
     "uid_base": "as root, pool slot i runs as uid/gid UID_BASE+i",
+    "hidden_paths": "directories the code sees empty (task answers, the repository); the interpreter stays visible",
 }
 
 
@@ -99,6 +100,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for field in fields(SandboxLimits):
         flag = "--" + field.name.replace("_", "-")
         default = getattr(defaults, field.name)
+        if isinstance(default, tuple):
+            limits.add_argument(flag, dest=field.name, nargs="+", default=default, metavar="DIR",
+                                help=LIMIT_HELP[field.name])
+            continue
         limits.add_argument(flag, dest=field.name, type=type(default), default=default,
                             help=f"{LIMIT_HELP[field.name]} (default {default!r})")
     return parser.parse_args(argv)
@@ -107,7 +112,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    limits = SandboxLimits(**{field.name: getattr(args, field.name) for field in fields(SandboxLimits)})
+    values = {field.name: getattr(args, field.name) for field in fields(SandboxLimits)}
+    limits = SandboxLimits(**{**values, "hidden_paths": tuple(values["hidden_paths"])})
     try:
         sandbox = Sandbox(limits, max_concurrency=args.max_concurrency)
     except ValueError as error:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slime_async.sandbox import Sandbox, SandboxLimits, SandboxRunner
-from slime_async.sandbox.pool import Isolation, exposed_paths
+from slime_async.sandbox.pool import Isolation, closed_ancestors
 from tests.sandbox.conftest import LIBRARY_UID_BASE, TEST_LIMITS, DescendantWatch, assert_nothing_left, requires_root
 
 pytestmark = requires_root
@@ -153,6 +153,20 @@ async def test_writing_outside_the_working_directory_fails(sandbox, tmp_path, wo
     marker = f"/tmp/sandbox-marker-{uuid.uuid4().hex}"
     result = await sandbox.run(f"open({marker!r}, 'w').write('x')\nprint(open({marker!r}).read())")
     assert result.stdout == "x\n" and not Path(marker).exists()
+
+
+async def test_hidden_paths_are_empty_but_the_interpreter_inside_them_still_runs(tmp_path):
+    repository = Path(__file__).resolve().parents[2]  # holds this venv; /tmp holds tmp_path anyway
+    answers = repository / "tests" / "sandbox" / "conftest.py"
+    sandbox = Sandbox(dataclasses.replace(TEST_LIMITS, hidden_paths=(str(repository),)), max_concurrency=1)
+    code = (f"import os, numpy\nprint(sorted(os.listdir({str(repository)!r})))\n"
+            f"print(os.path.exists({str(answers)!r}), numpy.arange(4).sum())")
+    result = await sandbox.run(code)
+    venv = Path(sys.prefix).resolve()
+    visible = [venv.relative_to(repository).parts[0]] if repository in venv.parents else []
+    assert (result.stdout, result.exit_code) == (f"{visible}\nFalse 6\n", 0), result.stderr
+    with pytest.raises(ValueError, match="hidden_paths"):
+        Sandbox(dataclasses.replace(TEST_LIMITS, hidden_paths=("relative/dir",)))
 
 
 async def test_the_working_directory_is_fresh_for_every_run(sandbox):
@@ -305,10 +319,10 @@ NO_NAMESPACES = Isolation(namespaces=False, as_root=True, detail="forced off for
 
 
 async def test_without_namespaces_runs_use_a_host_directory_removed_afterwards():
-    if exposed_paths(sys.executable) and not Path("/usr/bin/python3").exists():
+    if closed_ancestors(sys.executable) and not Path("/usr/bin/python3").exists():
         pytest.skip("no interpreter every user can run")
     # /usr/bin/python3: this venv's interpreter may sit under /root, closed to the sandbox's uids
-    limits = dataclasses.replace(TEST_LIMITS, python="/usr/bin/python3") if exposed_paths(sys.executable) \
+    limits = dataclasses.replace(TEST_LIMITS, python="/usr/bin/python3") if closed_ancestors(sys.executable) \
         else TEST_LIMITS
     sandbox = Sandbox(limits, max_concurrency=1, isolation=NO_NAMESPACES)
     assert sandbox.describe()["network_isolated"] is False
@@ -326,7 +340,7 @@ async def test_without_namespaces_runs_use_a_host_directory_removed_afterwards()
 
 
 def test_without_namespaces_an_interpreter_the_sandbox_uid_cannot_reach_fails_at_start():
-    if not exposed_paths(sys.executable):
+    if not closed_ancestors(sys.executable):
         pytest.skip("this interpreter is reachable by every user")
     with pytest.raises(ValueError, match="--python"):
         Sandbox(TEST_LIMITS, isolation=NO_NAMESPACES)

@@ -90,6 +90,7 @@ async def test_a_bad_request_is_400_naming_the_field(server, body, field):
     (["--max-concurrency", "0"], "max_concurrency"),
     (["--timeout-s", "200"], "timeout_s=200.0 exceeds max_timeout_s"),
     (["--processes", "-1"], "processes"),
+    (["--hidden-paths", "/no/such/dir"], "hidden_paths"),
 ])
 def test_a_bad_flag_fails_at_start_with_one_line(flags, message):
     done = subprocess.run([sys.executable, "-m", "slime_async.cli", "sandbox-server", *flags],
