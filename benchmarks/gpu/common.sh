@@ -12,14 +12,15 @@ elapsed() { echo "[$(( SECONDS ))s] $*"; }
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@" 2>&1 | grep -v -i warning | tail -3; }
 
 # launch_sglang MODEL_DIR PORT MEM_FRACTION LOG: start SGLang in its own session (it outlives the
-# call that starts it, until the host goes back) with the backends this host's build needs.
+# call that starts it, until the host goes back) with the backends this host's build needs;
+# SGLANG_CPUS (a taskset list) keeps it off cores other work is pinned to.
 launch_sglang() {
   local argv
   argv=$(python3 -c "import shlex, sys; from actors.engine.sglang import build_sglang_argv as b; print(shlex.join(b(
 sys.argv[1], port=int(sys.argv[2]), python='python3', passthrough={'attention_backend': 'triton',
 'sampling_backend': 'pytorch', 'mem_fraction_static': float(sys.argv[3]), 'log_level': 'warning'})))" "$1" "$2" "$3")
   elapsed "launch: $argv"
-  CUDA_VISIBLE_DEVICES=${SGLANG_GPU:-0} setsid bash -c "exec $argv" > "$4" 2>&1 < /dev/null &
+  CUDA_VISIBLE_DEVICES=${SGLANG_GPU:-0} setsid ${SGLANG_CPUS:+taskset -c $SGLANG_CPUS} bash -c "exec $argv" > "$4" 2>&1 < /dev/null &
 }
 
 # wait_sglang URL [SECONDS]: until /health_generate answers 200 (the first launch JIT-compiles

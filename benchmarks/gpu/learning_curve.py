@@ -41,10 +41,11 @@ def evaluations(rows: list[dict[str, Any]], start: float) -> list[tuple[int, flo
     return out
 
 
-def table(rows: list[dict[str, Any]], last: int | None) -> str:
+def table(rows: list[dict[str, Any]], last: int | None, extra: tuple[str, ...] = ()) -> str:
     start = rows[0]["time"]
-    lines = ["| step | wall s | held-out acc | " + " | ".join(name for _, name in COLUMNS) + " |",
-             "|---:|---:|---:|" + "---:|" * len(COLUMNS)]
+    columns = COLUMNS + [(key, key.rpartition("/")[2]) for key in extra]
+    lines = ["| step | wall s | held-out acc | " + " | ".join(name for _, name in columns) + " |",
+             "|---:|---:|---:|" + "---:|" * len(columns)]
     merged: dict[int, dict[str, Any]] = {}
     for row in rows:  # a step's metrics may arrive in several log calls
         merged.setdefault(row["step"], {"time": row["time"]}).update(
@@ -53,7 +54,7 @@ def table(rows: list[dict[str, Any]], last: int | None) -> str:
     for step, row in sorted(merged.items()):
         key = eval_key(row)
         acc = f"{row[key]:.3f}" if key else ""
-        cells = [_fmt(row.get(k)) for k, _ in COLUMNS]
+        cells = [_fmt(row.get(k)) for k, _ in columns]
         body.append(f"| {step} | {row['time'] - start:.0f} | {acc} | " + " | ".join(cells) + " |")
     lines += body[-last:] if last else body
     evals = evaluations(rows, start)
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--last", type=int, default=None, help="only the last N rows of each table")
     parser.add_argument("--png", type=Path, default=None, help="also plot every run here (needs matplotlib)")
     parser.add_argument("--title", default="SmolLM2-135M-Instruct, fully-async GRPO + TIS")
+    parser.add_argument("--columns", nargs="+", default=(), metavar="KEY",
+                        help="more metrics to tabulate, e.g. rollout/tool_calls rollout/turns")
     args = parser.parse_args(argv)
     runs = []
     for path in args.metrics:
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if len(args.metrics) > 1:
             print(f"\n## {path}")
-        print(table(rows, args.last))
+        print(table(rows, args.last, tuple(args.columns)))
         runs.append((f"run {len(runs) + 1}" if len(args.metrics) > 1 else path.stem, rows))
     if args.png:
         plot(runs, args.png, args.title)
