@@ -33,7 +33,8 @@ class RemoteSandbox:
         self.connect_timeout_s = connect_timeout_s
         self._next = 0
         self._down_until: dict[str, float] = {}
-        self._session: aiohttp.ClientSession | None = None
+        # A session belongs to one event loop; a caller may use this from several (threads).
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
     async def __aenter__(self) -> "RemoteSandbox":
         return self
@@ -42,9 +43,21 @@ class RemoteSandbox:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close this loop's session (and forget those of loops that are gone)."""
+        loop = asyncio.get_running_loop()
+        session = self._sessions.pop(loop, None)
+        if session is not None:
+            await session.close()
+        for other in [other for other in self._sessions if other.is_closed()]:
+            del self._sessions[other]
+
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            session = self._sessions[loop] = aiohttp.ClientSession(headers=headers)
+        return session
 
     def _order(self) -> list[str]:
         """Hosts from the next one round-robin, those marked down last (they are still tried)."""
@@ -57,9 +70,7 @@ class RemoteSandbox:
 
     async def run(self, code: str, language: str = "python", stdin: str = "",
                   files: dict[str, str] | None = None, timeout_s: float | None = None) -> RunResult:
-        if self._session is None:
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            self._session = aiohttp.ClientSession(headers=headers)
+        session = self._session()
         body = {"language": language, "code": code, "stdin": stdin, "files": files, "timeout_s": timeout_s}
         # The server's own kill is the real deadline; this only catches a server that hangs.
         total = self.http_timeout_s if timeout_s is None else timeout_s + 30.0
@@ -67,7 +78,7 @@ class RemoteSandbox:
         errors = []
         for url in self._order():
             try:
-                async with self._session.post(f"{url}/run", json=body, timeout=timeout) as response:
+                async with session.post(f"{url}/run", json=body, timeout=timeout) as response:
                     status = response.status
                     if status == 200:
                         self._down_until.pop(url, None)

@@ -4,6 +4,7 @@ over between servers."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -188,3 +189,19 @@ async def test_remote_sandbox_spreads_calls_and_survives_losing_a_server(server)
         assert all(count >= 2 for count in served.values()), served  # round-robin: both got calls
     finally:
         second.stop()
+
+
+async def test_one_remote_sandbox_serves_two_event_loops(server):
+    remote = RemoteSandbox([server.url], api_key=API_KEY)
+
+    async def in_its_own_loop() -> str:
+        try:
+            return (await remote.run("print('other loop')")).stdout
+        finally:
+            await remote.close()
+
+    other = asyncio.to_thread(lambda: asyncio.run(in_its_own_loop()))
+    here = remote.run("print('this loop')")
+    assert [r if isinstance(r, str) else r.stdout for r in await asyncio.gather(other, here)] == \
+        ["other loop\n", "this loop\n"]
+    await remote.close()
