@@ -27,11 +27,12 @@ from slime_async.tiny_model import build_tiny_model
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def base_argv(model: Path, data: Path, *, steps: int = 4) -> list[str]:
-    """A short fully-async run: 2 prompts x 2 samples a step, 16 tokens, disk weight sync every step."""
+def base_argv(model: Path, data: Path, *, steps: int = 4, mode: str = "fully-async") -> list[str]:
+    """A short run: 2 prompts x 2 samples a step, 16 tokens, disk weight sync every step;
+    fully-async with --max-staleness 2 unless ``mode`` says otherwise."""
     return [
         "--hf-checkpoint", str(model), "--prompt-data", str(data),
-        "--train-mode", "fully-async", "--max-staleness", "2",
+        "--train-mode", mode, *(["--max-staleness", "2"] if mode == "fully-async" else []),
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", str(steps),
         "--rollout-max-response-len", "16", "--rm-type", "exact",
         "--engine-type", "cpu", "--micro-batch-size", "4", "--lr", "1e-3",
