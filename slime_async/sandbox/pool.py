@@ -172,7 +172,8 @@ class Sandbox:
             argv = [self.python, "-I", "-u", "-B", code_file]
         else:
             argv = [shutil.which("bash") or "/bin/bash", "--noprofile", "--norc", code_file]
-        env = {"PATH": f"{Path(self.python).parent}:{SYSTEM_PATH}", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+        env = {"PATH": f"{Path(self.python).parent}:{SYSTEM_PATH}", "HOME": workdir, "TMPDIR": workdir,
+               "LANG": "C.UTF-8",
                # one thread per BLAS library: threads count against the process limit
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         rlimits = {"CPU": limits.cpu_s, "AS": limits.memory_bytes, "FSIZE": limits.file_bytes,
@@ -185,11 +186,17 @@ class Sandbox:
 
     async def _run(self, slot: int, language: str, code_file: str, stdin: str, files: dict[str, str],
                    timeout: float) -> RunResult:
-        host_workdir = None
-        if not self.isolation.namespaces:
-            host_workdir = tempfile.mkdtemp(prefix="slime-sandbox-")
-        spec = json.dumps(self._spec(slot, language, code_file, files, host_workdir),
-                          ensure_ascii=False).encode("utf-8", "surrogatepass")
+        host_workdir = None if self.isolation.namespaces else tempfile.mkdtemp(prefix="slime-sandbox-")
+        try:
+            return await self._run_in(host_workdir, slot, language, code_file, stdin, files, timeout)
+        finally:
+            if host_workdir is not None:
+                await asyncio.to_thread(shutil.rmtree, host_workdir, True)
+
+    async def _run_in(self, host_workdir: str | None, slot: int, language: str, code_file: str, stdin: str,
+                      files: dict[str, str], timeout: float) -> RunResult:
+        # ASCII JSON: a lone surrogate in the code travels as an escape, not as invalid UTF-8.
+        spec = json.dumps(self._spec(slot, language, code_file, files, host_workdir)).encode()
         payload = b"%d\n" % len(spec) + spec + stdin.encode("utf-8", "surrogatepass")
         status_read, status_write = os.pipe()
         started = time.monotonic()
@@ -210,8 +217,6 @@ class Sandbox:
         finally:
             _kill_group(process)
             os.close(status_read)
-            if host_workdir is not None:
-                await asyncio.to_thread(shutil.rmtree, host_workdir, True)
         return self._result(stdout, stderr, reason, status, process.returncode, wall_s)
 
     async def _supervise(self, process: asyncio.subprocess.Process, payload: bytes,
