@@ -12,7 +12,7 @@ Seen on one H200 (2026-12-01, torch 2.11.0+cu130, megatron-core 0.16.1 carried f
 Float16OptimizerWithFloat16Params.sharded_state_dict: "Optimizer shape ((64,) does not match model
 shape ((128,))". On CUDA the model is bf16 but the local layer spec's norm weights stay fp32 (checked
 on CPU with --bf16: input_layernorm, pre_mlp_layernorm and final_layernorm are float32), and that
-optimizer numbers its float16 params apart from its fp32 ones, so the ids shift. The policy's save
+optimizer numbers its float16 params apart from its fp32 ones: the likely cause (ids that shift). The policy's save
 takes the same path and was not run on a GPU either. On CPU (fp32) the script passes.
 """
 
