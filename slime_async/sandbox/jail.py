@@ -4,7 +4,8 @@ Three processes, because a new PID namespace only applies to the children of the
 creates it:
 
 - the *jail* (this script as started by the pool, outside the namespaces) reads the run's spec
-  from stdin, ``unshare``s new network/PID/mount/IPC/UTS namespaces and forks
+  from stdin, joins the run's memory cgroup (if any), ``unshare``s new network/PID/mount/IPC/UTS
+  namespaces and forks
 - the *init* (PID 1 of the new namespace, still root) mounts a private /proc and a size-limited
   tmpfs on /tmp (the working directory; /var/tmp and /dev/shm are the same tmpfs), writes the
   code and files there, forks the program, reaps everything, ends the run when the namespace
@@ -289,6 +290,9 @@ def main():
     status_fd = int(sys.argv[1])
     spec = read_spec()
     try:
+        if spec["cgroup_procs"]:  # before forking: the init and the program start inside it
+            with open(spec["cgroup_procs"], "w") as handle:
+                handle.write(str(os.getpid()))
         if spec["isolate"]:
             enter_namespaces()
     except OSError as error:

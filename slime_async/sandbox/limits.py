@@ -24,6 +24,7 @@ class SandboxLimits:
     max_timeout_s: float = 120.0  # the most a call may ask for
     cpu_s: int = 10  # RLIMIT_CPU per process (SIGXCPU, then SIGKILL one second later)
     memory_bytes: int = 1 << 30  # RLIMIT_AS per process
+    run_memory_bytes: int = 2 << 30  # RAM (+swap) of all of a run's processes, where a memory cgroup exists
     file_bytes: int = 16 << 20  # RLIMIT_FSIZE: the largest file a run may write
     workdir_bytes: int = 64 << 20  # size of the private tmpfs working directory
     processes: int = 32  # processes and threads a run may have at once (reaching it ends the run)
@@ -44,7 +45,7 @@ class SandboxLimits:
                 raise ValueError(f"sandbox limit {name} must be a positive number of seconds, got {value!r}")
         if self.timeout_s > self.max_timeout_s:
             raise ValueError(f"sandbox limit timeout_s={self.timeout_s} exceeds max_timeout_s={self.max_timeout_s}")
-        for name in ("cpu_s", "memory_bytes", "file_bytes", "workdir_bytes", "processes", "open_files",
+        for name in ("cpu_s", "memory_bytes", "run_memory_bytes", "file_bytes", "workdir_bytes", "processes", "open_files",
                      "output_bytes", "max_code_bytes", "max_input_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slime_async.sandbox.cgroup import MemoryCgroups
 from slime_async.sandbox.limits import RunResult, SandboxLimits, check_request
 from slime_async.sandbox.slots import SlotPool
 
@@ -130,6 +131,10 @@ class Sandbox:
         if not self.isolation.as_root:
             log.warning("sandbox runs as uid %d (not root): no uid drop, no RLIMIT_NPROC; the process limit "
                         "is only watched (every 50 ms), not enforced by the kernel", os.geteuid())
+        self._cgroups = MemoryCgroups.probe() if self.isolation.as_root else None
+        if self._cgroups is None:
+            log.warning("sandbox: no memory cgroup per run; a run may use up to processes x memory_bytes "
+                        "(%d x %d bytes) of memory", self.limits.processes, self.limits.memory_bytes)
         self._slots = SlotPool(max_concurrency)
         self.runs = 0  # finished runs, for /health
 
@@ -140,6 +145,7 @@ class Sandbox:
     def describe(self) -> dict:
         return {"network_isolated": self.isolation.network_isolated, "namespaces": self.isolation.namespaces,
                 "unprivileged_uid": self.isolation.as_root, "isolation": self.isolation.detail,
+                "memory_cgroup": self._cgroups is not None,
                 "max_concurrency": self.max_concurrency, "running": self.running, "runs": self.runs,
                 "limits": self.limits.to_dict()}
 
@@ -162,7 +168,7 @@ class Sandbox:
             self._slots.release(slot)
 
     def _spec(self, slot: int, language: str, code_file: str, files: dict[str, str],
-              host_workdir: str | None) -> dict:
+              host_workdir: str | None, cgroup: Path | None) -> dict:
         limits = self.limits
         uid = limits.uid_base + slot if self.isolation.as_root else None
         workdir = "/tmp" if self.isolation.namespaces else host_workdir
@@ -182,21 +188,27 @@ class Sandbox:
             rlimits["NPROC"] = limits.processes  # counted per uid, and each slot has its own uid
         return {"isolate": self.isolation.namespaces, "hide": self._hidden, "uid": uid, "gid": uid, "argv": argv,
                 "env": env, "rlimits": rlimits, "files": files, "workdir_bytes": limits.workdir_bytes,
-                "processes": limits.processes, "host_workdir": host_workdir}
+                "processes": limits.processes, "host_workdir": host_workdir,
+                "cgroup_procs": str(cgroup / "cgroup.procs") if cgroup else None}
 
     async def _run(self, slot: int, language: str, code_file: str, stdin: str, files: dict[str, str],
                    timeout: float) -> RunResult:
         host_workdir = None if self.isolation.namespaces else tempfile.mkdtemp(prefix="slime-sandbox-")
+        cgroup = None
         try:
-            return await self._run_in(host_workdir, slot, language, code_file, stdin, files, timeout)
+            if self._cgroups is not None:
+                cgroup = self._cgroups.create(self.limits.run_memory_bytes)
+            return await self._run_in(host_workdir, cgroup, slot, language, code_file, stdin, files, timeout)
         finally:
             if host_workdir is not None:
                 await asyncio.to_thread(shutil.rmtree, host_workdir, True)
+            if cgroup is not None:
+                await asyncio.to_thread(self._cgroups.remove, cgroup)
 
-    async def _run_in(self, host_workdir: str | None, slot: int, language: str, code_file: str, stdin: str,
-                      files: dict[str, str], timeout: float) -> RunResult:
+    async def _run_in(self, host_workdir: str | None, cgroup: Path | None, slot: int, language: str,
+                      code_file: str, stdin: str, files: dict[str, str], timeout: float) -> RunResult:
         # ASCII JSON: a lone surrogate in the code travels as an escape, not as invalid UTF-8.
-        spec = json.dumps(self._spec(slot, language, code_file, files, host_workdir)).encode()
+        spec = json.dumps(self._spec(slot, language, code_file, files, host_workdir, cgroup)).encode()
         payload = b"%d\n" % len(spec) + spec + stdin.encode("utf-8", "surrogatepass")
         status_read, status_write = os.pipe()
         started = time.monotonic()
@@ -217,7 +229,8 @@ class Sandbox:
         finally:
             _kill_group(process)
             os.close(status_read)
-        return self._result(stdout, stderr, reason, status, process.returncode, wall_s)
+        oom_killed = cgroup is not None and MemoryCgroups.oom_killed(cgroup)
+        return self._result(stdout, stderr, reason, status, process.returncode, wall_s, oom_killed)
 
     async def _supervise(self, process: asyncio.subprocess.Process, payload: bytes,
                          timeout: float) -> tuple[bytes, bytes, str | None]:
@@ -270,7 +283,7 @@ class Sandbox:
         return bytes(stdout), bytes(stderr), reason
 
     def _result(self, stdout: bytes, stderr: bytes, reason: str | None, status: dict | None,
-                jail_exit: int | None, wall_s: float) -> RunResult:
+                jail_exit: int | None, wall_s: float, oom_killed: bool) -> RunResult:
         exit_code = None
         if reason is None:
             if status is None:
@@ -282,6 +295,8 @@ class Sandbox:
             exit_code = -sig if sig is not None else status["exit_code"]
             if status["processes_exceeded"]:
                 reason, exit_code = "processes", None
+            elif oom_killed:
+                reason = "memory"  # the run's memory cgroup was full: the kernel killed a process
             elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and status["cpu_s"] >= self.limits.cpu_s - 0.05):
                 reason = "cpu"
             elif sig == signal.SIGXFSZ:

@@ -34,6 +34,7 @@ LIMIT_HELP = {
     "max_timeout_s": "the most timeout_s a call may ask for",
     "cpu_s": "RLIMIT_CPU seconds per process",
     "memory_bytes": "RLIMIT_AS per process",
+    "run_memory_bytes": "memory of all of a run's processes together (a memory cgroup per run, where available)",
     "file_bytes": "RLIMIT_FSIZE: the largest file a run may write",
     "workdir_bytes": "size of the run's tmpfs working directory",
     "processes": "processes a run may have at once; reaching it ends the run",

@@ -121,6 +121,30 @@ async def test_a_10_gb_allocation_fails_fast_as_memory(sandbox):
     assert "MemoryError" in result.stderr and "allocated" not in result.stdout
 
 
+MEMORY_FROM_MANY_PROCESSES = """
+import os, time
+children = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        data = b"x" * (150 << 20)  # written, so really resident (each one is within RLIMIT_AS)
+        time.sleep(1)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+"""
+
+
+async def test_the_memory_of_all_processes_of_a_run_together_is_bounded():
+    sandbox = Sandbox(dataclasses.replace(TEST_LIMITS, run_memory_bytes=256 << 20), max_concurrency=1)
+    if not sandbox.describe()["memory_cgroup"]:
+        pytest.skip("no memory cgroup per run on this machine")
+    result = await contained_run(sandbox, MEMORY_FROM_MANY_PROCESSES)
+    assert result.killed_reason == "memory"
+    assert not list(sandbox._cgroups.parent.glob(f"slime-sandbox-{os.getpid()}-*"))  # removed after the run
+
+
 async def test_100_mb_of_stdout_is_truncated_and_the_run_ended(sandbox):
     code = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))\nprint('end')"
     result = await contained_run(sandbox, code)
