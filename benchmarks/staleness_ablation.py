@@ -197,21 +197,30 @@ def _check(argv: list[str], log: Path, env: dict[str, str]) -> None:
 
 
 def make_warm_start(work: Path, sft_steps: int) -> tuple[Path, Path]:
-    """The quick start's tiny model, data and SFT warm start in ``work`` (kept and reused)."""
-    model, data, done = work / "sft-hf", work / "data", work / "DONE"
-    if done.exists():
+    """The quick start's tiny model, data and SFT warm start in ``work``, reused when it was made
+    with the same number of SFT steps (0: no SFT, RL starts from the random-init model)."""
+    model, data, done = (work / "sft-hf" if sft_steps else work / "base"), work / "data", work / "DONE"
+    stamp = f"sft_steps={sft_steps}\n"
+    if done.exists() and done.read_text() == stamp:
         return model, data
-    work.mkdir(parents=True, exist_ok=True)
+    ours = work / "STARTED"
+    if work.exists() and any(work.iterdir()) and not ours.exists():
+        raise SystemExit(f"warm start: {work} is not empty and was not made by this benchmark; "
+                         "pass another --warm-start or --out")
+    shutil.rmtree(work, ignore_errors=True)  # ours: an older or interrupted warm start
+    work.mkdir(parents=True)
+    ours.write_text("")
     env = child_env(None)
     print(f"warm start: tiny model, task data and {sft_steps} SFT steps in {work}", flush=True)
     _check(_cli("init-tiny-model", "--out", str(work / "base"), "--arch", "qwen2", "--seed", "0"),
            work / "init.log", env)
     _check([sys.executable, str(QUICKSTART / "make_task.py"), "--out", str(data)], work / "data.log", env)
-    _check(_cli("train", "--config", str(QUICKSTART / "sft.toml"), "--hf-checkpoint", str(work / "base"),
-                "--prompt-data", str(data / "train.jsonl"), "--run-dir", str(work / "sft"),
-                "--save-hf", str(model), "--num-rollout", str(sft_steps), "--no-progress-bar"),
-           work / "sft.log", env)
-    done.write_text("ok\n")
+    if sft_steps:
+        _check(_cli("train", "--config", str(QUICKSTART / "sft.toml"), "--hf-checkpoint", str(work / "base"),
+                    "--prompt-data", str(data / "train.jsonl"), "--run-dir", str(work / "sft"),
+                    "--save-hf", str(model), "--num-rollout", str(sft_steps), "--no-progress-bar"),
+               work / "sft.log", env)
+    done.write_text(stamp)
     return model, data
 
 
@@ -331,7 +340,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds each train step waits (--train-step-delay) so generation runs ahead")
     parser.add_argument("--parallel", type=int, default=1, help="configurations run at once")
     parser.add_argument("--warm-start", type=Path, default=None, help="warm-start directory (default OUT/warmstart)")
-    parser.add_argument("--sft-steps", type=int, default=80, help="SFT steps of the warm start (sft.toml's 80)")
+    parser.add_argument("--sft-steps", type=int, default=80,
+                        help="SFT steps of the warm start (sft.toml's 80; 0: RL from the random-init model)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the runs in OUT/runs that finished with the same settings; run the rest")
     parser.add_argument("--summarize", type=Path, nargs="+", metavar="RESULTS_JSON",
@@ -342,9 +352,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if args.out is None:
         parser.error("--out is required (or --summarize RESULTS_JSON ...)")
-    for name in ("seeds", "steps", "parallel", "sft_steps", "num_steps_per_rollout"):
+    for name in ("seeds", "steps", "parallel", "num_steps_per_rollout"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.sft_steps < 0:
+        parser.error(f"--sft-steps must be >= 0, got {args.sft_steps}")
     if (ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT) % args.num_steps_per_rollout:
         parser.error(f"--num-steps-per-rollout must divide the {ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT} "
                      f"samples of a rollout, got {args.num_steps_per_rollout}")

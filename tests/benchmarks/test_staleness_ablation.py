@@ -72,7 +72,7 @@ def test_one_configuration_writes_the_table_and_the_json(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "staleness_ablation.py"), "--out", str(out), "--staleness", "1",
-         "--corrections", "tis", "--seeds", "1", "--steps", "2", "--eval-interval", "2", "--sft-steps", "2",
+         "--corrections", "tis", "--seeds", "1", "--steps", "2", "--eval-interval", "2", "--sft-steps", "0",
          "--train-delay", "0.5"],
         capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
