@@ -182,6 +182,7 @@ def exec_program(spec, workdir, status_fd):
                 resource.setrlimit(getattr(resource, "RLIMIT_" + name), (value, value))
         # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL one second later if it is caught.
         resource.setrlimit(resource.RLIMIT_CPU, (limits["CPU"], limits["CPU"] + 1))
+        set_oom_score_adj(0)
         # setuid binaries (su, mount, ...) cannot give the program privileges back.
         _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
         if spec["uid"] is not None:
@@ -197,6 +198,15 @@ def exec_program(spec, workdir, status_fd):
             os.write(2, f"sandbox: could not start {spec['argv'][0]}: {error}\n".encode())
         finally:
             os._exit(127)
+
+
+def set_oom_score_adj(value):
+    try:
+        with open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write(str(value))
+    except OSError:
+        pass  # best effort: not root, or a machine that refuses it (this one does); the pool then
+        # reads the cgroup's OOM count to report "memory" even if the jail itself was killed
 
 
 def count_processes():
@@ -289,6 +299,7 @@ def main():
         return
     status_fd = int(sys.argv[1])
     spec = read_spec()
+    set_oom_score_adj(-1000)  # when the run's cgroup is full, the OOM killer takes the program, not us
     try:
         if spec["cgroup_procs"]:  # before forking: the init and the program start inside it
             with open(spec["cgroup_procs"], "w") as handle:

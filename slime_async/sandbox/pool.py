@@ -285,6 +285,8 @@ class Sandbox:
     def _result(self, stdout: bytes, stderr: bytes, reason: str | None, status: dict | None,
                 jail_exit: int | None, wall_s: float, oom_killed: bool) -> RunResult:
         exit_code = None
+        if reason is None and status is None and oom_killed:
+            reason = "memory"  # the OOM killer took the jail's own processes too
         if reason is None:
             if status is None:
                 raise SandboxError(f"the sandbox's jail ended (exit code {jail_exit}) without reporting the "
