@@ -45,8 +45,8 @@ class SandboxLimits:
                 raise ValueError(f"sandbox limit {name} must be a positive number of seconds, got {value!r}")
         if self.timeout_s > self.max_timeout_s:
             raise ValueError(f"sandbox limit timeout_s={self.timeout_s} exceeds max_timeout_s={self.max_timeout_s}")
-        for name in ("cpu_s", "memory_bytes", "run_memory_bytes", "file_bytes", "workdir_bytes", "processes", "open_files",
-                     "output_bytes", "max_code_bytes", "max_input_bytes"):
+        for name in ("cpu_s", "memory_bytes", "run_memory_bytes", "file_bytes", "workdir_bytes", "processes",
+                     "open_files", "output_bytes", "max_code_bytes", "max_input_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"sandbox limit {name} must be a positive integer, got {value!r}")

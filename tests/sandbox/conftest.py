@@ -31,6 +31,16 @@ TEST_LIMITS = SandboxLimits(timeout_s=10.0, max_timeout_s=30.0, cpu_s=20, memory
 
 ISOLATION = probe_isolation()
 # What these tests check needs both (as root here); elsewhere they say why they did not run.
+FORK_BOMB = """
+import os
+print("bomb", flush=True)
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+
 requires_root = pytest.mark.skipif(
     os.geteuid() != 0 or not ISOLATION.namespaces,
     reason=f"the sandbox drops to unprivileged uids only as root; isolation here: {ISOLATION.detail}")

@@ -17,19 +17,10 @@ import pytest
 
 from slime_async.sandbox import Sandbox, SandboxLimits, SandboxRunner
 from slime_async.sandbox.pool import Isolation, closed_ancestors
-from tests.sandbox.conftest import LIBRARY_UID_BASE, TEST_LIMITS, DescendantWatch, assert_nothing_left, requires_root
+from tests.sandbox.conftest import (FORK_BOMB, LIBRARY_UID_BASE, TEST_LIMITS, DescendantWatch, assert_nothing_left,
+                                    requires_root)
 
 pytestmark = requires_root
-
-FORK_BOMB = """
-import os
-print("bomb", flush=True)
-while True:
-    try:
-        os.fork()
-    except OSError:
-        pass
-"""
 
 DOUBLE_FORKED_DAEMON = """
 import os, time

@@ -15,9 +15,8 @@ import pytest
 from slime_async.net import free_port
 from slime_async.sandbox import RemoteSandbox
 from slime_async.sandbox.client import SandboxUnavailable
-from tests.sandbox.conftest import (API_KEY, SECRET, SERVER_UID_BASES, DescendantWatch, assert_nothing_left,
+from tests.sandbox.conftest import (API_KEY, FORK_BOMB, SECRET, SERVER_UID_BASES, DescendantWatch, assert_nothing_left,
                                     requires_root, start_server)
-from tests.sandbox.test_sandbox_containment import FORK_BOMB
 
 pytestmark = requires_root
 
