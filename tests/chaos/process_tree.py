@@ -88,10 +88,12 @@ class DescendantTracker:
             for child in children.get(todo.pop(), []):
                 try:
                     key = (child.pid, child.create_time())
-                    if key not in self._recorded:
-                        record = Recorded(child.pid, key[1], " ".join(child.cmdline()))
+                    # Re-read while it lives: a child first seen between fork and exec still shows
+                    # its parent's command line.
+                    cmdline = " ".join(child.cmdline())
+                    if key not in self._recorded or self._recorded[key].cmdline != cmdline:
                         with self._lock:
-                            self._recorded[key] = record
+                            self._recorded[key] = Recorded(child.pid, key[1], cmdline)
                 except psutil.Error:
                     continue
                 if child.pid not in seen:
