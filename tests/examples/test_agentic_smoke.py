@@ -1,0 +1,174 @@
+"""CPU smoke runs of the code_interpreter and openai_agent examples: real sandbox, real CPU engine,
+real Megatron trainer, fully-async GRPO for two steps with each example's own hook and reward.
+
+A random tiny model writes no code, so each fixture first teaches it the examples' traces on the
+training prompts (a few hundred plain-torch steps on eight episodes). Each run must then call its
+tool, keep the tool's output out of the loss, and train exactly the tokens the engine sampled:
+their logprobs, recomputed by the initial model on the trained token sequences, equal the ones
+the engine returned.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from slime_async.tiny_model import build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "e2e")]
+
+from train_process import train  # noqa: E402
+from examples.agentic.code_interpreter import make_task as code_make_task  # noqa: E402
+from examples.agentic.openai_agent import make_task as openai_make_task  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def memorize(model_dir: Path, sft_rows: list[dict], steps: int = 300) -> None:
+    """Overfit the model on the rows' traces (tokenized per segment, as the rollout builds them)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    sequences, targets = [], []
+    for row in sft_rows:
+        ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        target = [-100] * len(ids)  # the prompt and the tool's output are not the model's to write
+        for segment in row["label"]:
+            piece = tokenizer(segment["text"], add_special_tokens=False)["input_ids"]
+            ids, target = ids + piece, target + (piece if segment["train"] else [-100] * len(piece))
+        sequences.append(ids + [tokenizer.eos_token_id])
+        targets.append(target + [tokenizer.eos_token_id])
+    width = max(map(len, sequences))
+    ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in sequences])
+    labels = torch.tensor([t + [-100] * (width - len(t)) for t in targets])
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small only loses time to thread hand-offs on a busy machine
+    try:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    assert loss.item() < 0.05, f"the traces were not learned (loss {loss.item():.3f})"
+    model.save_pretrained(model_dir, safe_serialization=True)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run_example(root: Path, name: str, data: Path, model: Path) -> dict:
+    example = ROOT / "examples" / "agentic" / name
+    return train(root, [
+        "--hf-checkpoint", str(model), "--prompt-data", str(data / "train.jsonl"),
+        "--eval-prompt-data", str(data / "train.jsonl"), "--eval-interval", "2",
+        "--train-mode", "fully-async", "--max-staleness", "1", "--use-tis",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "2",
+        "--rollout-max-response-len", "64", "--rollout-temperature", "1.0",
+        "--custom-generate-function-path", f"examples.agentic.{name}.agent:generate",
+        "--custom-rm-path", f"examples.agentic.{name}.agent:reward",
+        "--custom-config-path", str(example / "agent.yaml"),
+        "--engine-type", "cpu", "--micro-batch-size", "8", "--lr", "1e-5",
+    ], import_dirs=(ROOT,))
+
+
+@pytest.fixture(scope="module")
+def code_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("code-interpreter-smoke")
+    data = root / "data"
+    code_make_task.main(["--out", str(data), "--train", "8", "--heldout", "2"])
+    model = build_tiny_model(root / "model", arch="qwen2", seed=0, corpus=(data / "corpus.txt").read_text().splitlines())
+    memorize(model, read_jsonl(data / "sft.jsonl"))
+    return {**run_example(root, "code_interpreter", data, model), "model": model}
+
+
+@pytest.fixture(scope="module")
+def openai_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("openai-agent-smoke")
+    data = root / "data"
+    openai_make_task.main(["--out", str(data), "--train", "8", "--heldout", "2"])
+    model = build_tiny_model(root / "model", arch="qwen2", seed=0, chat_template="tools",
+                             corpus=(data / "corpus.txt").read_text().splitlines())
+    memorize(model, read_jsonl(data / "sft.jsonl"))
+    return {**run_example(root, "openai_agent", data, model), "model": model}
+
+
+def assert_calls_ran_and_were_logged(run: dict) -> None:
+    steps = [m for m in run["metrics"] if "train/pg_loss" in m]
+    assert [m["train/version"] for m in steps] == [1.0, 2.0]
+    # A step logs the rollout's window since the step before, which may hold no finished group.
+    rollouts = [m for m in steps if "rollout/reward_mean" in m]
+    assert rollouts and all(m["rollout/tool_calls"] > 0 and m["rollout/turns"] >= 1 for m in rollouts)
+    evals = [m for m in run["metrics"] if "eval/reward_mean" in m]
+    assert evals and all(m["eval/tool_calls"] >= 1 and m["eval/turns"] >= 2 for m in evals)
+    called = [s for s in run["samples"] if s["metadata"].get("tool_calls")]
+    assert called, "no sample called its tool"
+    for sample in called:
+        for call in sample["metadata"]["tool_calls"]:
+            assert call["exit_code"] == 0 and call["killed_reason"] is None  # ran in the real sandbox
+    assert any(s["reward"] == 1.0 for s in run["samples"])
+
+
+def assert_trained_tokens_are_the_engines(run: dict, tokenizer, outputs: list[tuple[list[int], str]]) -> None:
+    """Observation spans have loss mask 0; the model's tokens carry the engine's logprobs."""
+    model = AutoModelForCausalLM.from_pretrained(run["model"]).eval()
+    checked = 0
+    for sample in run["samples"]:
+        response = sample["tokens"][len(sample["tokens"]) - sample["response_length"]:]
+        mask = sample["loss_mask"]
+        for ids, _ in outputs_of(sample, tokenizer, outputs):
+            start = find(response, ids)
+            assert start is not None and set(mask[start:start + len(ids)]) == {0}
+        if set(sample["token_versions"]) != {0}:
+            continue  # generated by an updated policy: the initial model cannot reproduce it
+        with torch.no_grad():
+            logits = model(torch.tensor([sample["tokens"]])).logits[0].float()
+        prompt = len(sample["tokens"]) - sample["response_length"]
+        logprobs = torch.log_softmax(logits[prompt - 1:-1], dim=-1)
+        recomputed = logprobs.gather(1, torch.tensor(response)[:, None])[:, 0].tolist()
+        for k, trained in enumerate(mask):
+            if trained:
+                assert recomputed[k] == pytest.approx(sample["rollout_logprobs"][k], abs=2e-3)
+            else:
+                assert sample["rollout_logprobs"][k] == 0.0
+        checked += 1
+    assert checked >= 1
+
+
+def outputs_of(sample: dict, tokenizer, outputs) -> list[tuple[list[int], str]]:
+    return [(tokenizer(text, add_special_tokens=False)["input_ids"], text)
+            for text in outputs(sample)]
+
+
+def find(haystack: list[int], needle: list[int]) -> int | None:
+    for start in range(len(haystack) - len(needle) + 1):
+        if haystack[start:start + len(needle)] == needle:
+            return start
+    return None
+
+
+def test_the_code_interpreter_runs_the_models_code_and_trains_on_its_calls_only(code_run):
+    assert_calls_ran_and_were_logged(code_run)
+    tokenizer = AutoTokenizer.from_pretrained(code_run["model"])
+    # The hook appends each call's shown output (task.observation) as it tokenized it.
+    assert_trained_tokens_are_the_engines(
+        code_run, tokenizer, lambda s: [call["output"] for call in s["metadata"].get("tool_calls", [])])
+
+
+def test_the_openai_agent_trains_through_trajectory_capture_with_the_tool_output_masked(openai_run):
+    assert_calls_ran_and_were_logged(openai_run)
+    tokenizer = AutoTokenizer.from_pretrained(openai_run["model"])
+    # The front renders a tool result inside the template's glue, tokenized with it.
+    assert_trained_tokens_are_the_engines(
+        openai_run, tokenizer,
+        lambda s: [f"\n<|im_start|>user\n<tool_response>\n{call['output']}\n</tool_response><|im_end|>\n"
+                   "<|im_start|>assistant\n" for call in s["metadata"].get("tool_calls", [])])
