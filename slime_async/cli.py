@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import warnings
 from collections.abc import Callable
@@ -98,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         top_level_parser().error(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}")
-    return COMMANDS[command][0](rest)
+    try:
+        return COMMANDS[command][0](rest)
+    finally:
+        # Interpreter teardown garbage-collects everything torch, megatron and transformers made:
+        # seconds on a busy machine after a SIGTERM already stopped the tree. The OS frees it anyway.
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -157,6 +157,7 @@ class ProcessChild(Actor):
         if process is None:
             return
         self._stopping_process = True
+        started = time.monotonic()
         # Descendants that left the group (setsid) are found through the process tree.
         descendants = _descendants(process.pid)
         _signal_group(process.pid, signal.SIGTERM)
@@ -171,6 +172,7 @@ class ProcessChild(Actor):
             except psutil.Error:
                 pass
         await process.wait()
+        log.info("stopped %s (pid %d) in %.1f s", self.spec.name, process.pid, time.monotonic() - started)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
