@@ -71,7 +71,9 @@ class PromptDataset:
     (``add_generation_prompt=True`` plus ``apply_chat_template_kwargs``). Without it the input
     must be a string. The rendered text is tokenized without adding special tokens (a chat
     template already writes its own). ``max_context_len``: a prompt of that many tokens or more
-    leaves no room for a response and is skipped as a bad row. ``num_epoch`` None cycles forever.
+    leaves no room for a response and is skipped as a bad row. ``require_label``: a row without
+    a label (key missing or null) is a bad row; built-in rewards and SFT need one, a custom reward
+    function may not. ``num_epoch`` None cycles forever.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class PromptDataset:
         apply_chat_template: bool = False,
         apply_chat_template_kwargs: dict[str, Any] | None = None,
         max_context_len: int | None = None,
+        require_label: bool = False,
         shuffle: bool = True,
         seed: int = 42,
         num_epoch: int | None = 1,
@@ -99,6 +102,7 @@ class PromptDataset:
         self.apply_chat_template = apply_chat_template
         self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
         self.max_context_len = max_context_len
+        self.require_label = require_label
         self.shuffle = shuffle
         self.seed = seed
         self.num_epoch = num_epoch
@@ -179,6 +183,9 @@ class PromptDataset:
         if self.input_key not in record:
             raise BadRow(f"missing input key {self.input_key!r} (keys: {sorted(record)})")
         prompt = record[self.input_key]
+        if self.require_label and record.get(self.label_key) is None:
+            raise BadRow(f"missing label key {self.label_key!r} (keys: {sorted(record)}); the built-in "
+                         "--rm-type rewards and --loss-type sft need one, a --custom-rm-path reward does not")
         text = self._render(prompt)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
@@ -317,12 +324,16 @@ def render_prompt(tokenizer: Any, prompt: Any, *, apply_chat_template: bool,
 
 def prompt_dataset(config: RolloutConfig, path: str | Path, tokenizer: Any, *, shuffle: bool,
                    num_epoch: int | None) -> PromptDataset:
-    """A PromptDataset read the way the rollout section says (keys, chat template, context length)."""
+    """A PromptDataset read the way the rollout section says (keys, chat template, context length).
+
+    Rows need a label unless a custom reward function scores them: it gets the whole row (its
+    label may be None) and may need none; the built-in rewards compare against the label.
+    """
     return PromptDataset(path, tokenizer=tokenizer, input_key=config.input_key, label_key=config.label_key,
                          metadata_key=config.metadata_key, apply_chat_template=config.apply_chat_template,
                          apply_chat_template_kwargs=config.apply_chat_template_kwargs,
-                         max_context_len=config.rollout_max_context_len, shuffle=shuffle, seed=config.rollout_seed,
-                         num_epoch=num_epoch)
+                         max_context_len=config.rollout_max_context_len, require_label=not config.custom_rm_path,
+                         shuffle=shuffle, seed=config.rollout_seed, num_epoch=num_epoch)
 
 
 def eval_datasets(config: RolloutConfig, tokenizer: Any) -> dict[str, PromptDataset] | None:
