@@ -255,15 +255,16 @@ class TrainerOps:
         self.optimizer.zero_grad()
         outputs = self._run(micro_batches, loss_fn, forward_only=False)
         lr = float(self.optimizer.param_groups[0]["lr"])  # the lr this update uses
-        if self._loss_and_grads_finite(outputs):
+        # fp16: Megatron's grad scaler finds inf/NaN grads itself, skips the step and lowers the
+        # loss scale (skipping before it would never lower the scale). bf16/fp32 optimizers would
+        # step on them and every weight would become NaN: skipped here, on every rank alike.
+        if has_grad_scaler(self.optimizer) or self._loss_and_grads_finite(outputs):
             update_ok, grad_norm, num_zeros = self.optimizer.step()
         else:
-            # Only fp16's grad scaler checks for inf/NaN; bf16/fp32 optimizers would step on them
-            # and every weight would become NaN. Skipped on every rank alike (the check agreed).
             self.ddp.zero_grad_buffer()
             self.optimizer.zero_grad()
             update_ok, grad_norm, num_zeros = False, float("nan"), None
-            self.skipped_steps += 1
+        self.skipped_steps += not update_ok
         if update_ok:
             self.scheduler.step(increment=1)
             self.step += 1
