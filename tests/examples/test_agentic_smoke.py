@@ -30,7 +30,7 @@ from examples.agentic.openai_agent import make_task as openai_make_task  # noqa:
 pytestmark = pytest.mark.slow
 
 
-def memorize(model_dir: Path, sft_rows: list[dict], steps: int = 300) -> None:
+def memorize(model_dir: Path, sft_rows: list[dict], steps: int = 300, lr: float = 1e-2) -> None:
     """Overfit the model on the rows' traces (tokenized per segment, as the rollout builds them)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -47,7 +47,7 @@ def memorize(model_dir: Path, sft_rows: list[dict], steps: int = 300) -> None:
     ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in sequences])
     labels = torch.tensor([t + [-100] * (width - len(t)) for t in targets])
     torch.manual_seed(0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small only loses time to thread hand-offs on a busy machine
     try:
@@ -98,7 +98,7 @@ def openai_run(tmp_path_factory):
     openai_make_task.main(["--out", str(data), "--train", "8", "--heldout", "2"])
     model = build_tiny_model(root / "model", arch="qwen2", seed=0, chat_template="tools",
                              corpus=(data / "corpus.txt").read_text().splitlines())
-    memorize(model, read_jsonl(data / "sft.jsonl"))
+    memorize(model, read_jsonl(data / "sft.jsonl"), lr=3e-3)  # longer episodes: 1e-2 does not settle in 300 steps
     return {**run_example(root, "openai_agent", data, model), "model": model}
 
 
