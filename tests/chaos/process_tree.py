@@ -2,39 +2,55 @@
 
 A `DescendantTracker` scans the descendants of a root process (and of every process it has
 recorded, so a child re-parented to init keeps being followed) every ``interval`` seconds on
-a thread. A record is (pid, create time): a PID the kernel reuses later is not mistaken for
-a survivor.
+a thread. A record is (pid, start time): a PID the kernel reuses later is not mistaken for a
+survivor. It reads /proc itself: psutil.process_iter caches Process objects across calls, and
+on a busy machine whose PIDs wrap within minutes a cached object can stand for a new process.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
 
-import psutil
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, start time in clock ticks) of a live process, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)
 class Recorded:
     pid: int
-    create_time: float
+    start_ticks: int
     cmdline: str
 
     def alive(self) -> bool:
-        try:
-            process = psutil.Process(self.pid)
-            return process.create_time() == self.create_time and process.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        stat = _stat(self.pid)
+        return stat is not None and stat[2] == self.start_ticks and stat[0] != "Z"
 
     def kill(self) -> None:
-        try:
-            process = psutil.Process(self.pid)
-            if process.create_time() == self.create_time:
-                process.kill()
-        except psutil.Error:
-            pass
+        if self.alive():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 class DescendantTracker:
@@ -43,7 +59,7 @@ class DescendantTracker:
     def __init__(self, root_pid: int, interval: float = 0.2):
         self.root_pid = root_pid
         self.interval = interval
-        self._recorded: dict[tuple[int, float], Recorded] = {}
+        self._recorded: dict[tuple[int, int], Recorded] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"descendants-of-{root_pid}", daemon=True)
@@ -77,28 +93,24 @@ class DescendantTracker:
 
     def scan(self) -> None:
         """One pass over /proc: record every process below the root or below a recorded one."""
-        children: dict[int, list[psutil.Process]] = {}
-        for process in psutil.process_iter(["ppid"]):
-            children.setdefault(process.info["ppid"], []).append(process)
+        children: dict[int, list[tuple[int, int]]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+                children.setdefault(stat[1], []).append((int(entry), stat[2]))
         with self._lock:
-            known = {key[0] for key in self._recorded}
-        todo = [self.root_pid, *known]
-        seen = set(todo)
-        while todo:
-            for child in children.get(todo.pop(), []):
-                try:
-                    key = (child.pid, child.create_time())
+            todo = [self.root_pid, *{pid for pid, _ in self._recorded}]
+            seen = set(todo)
+            while todo:
+                for pid, start in children.get(todo.pop(), []):
                     # Re-read while it lives: a child first seen between fork and exec still shows
                     # its parent's command line.
-                    cmdline = " ".join(child.cmdline())
-                    if key not in self._recorded or self._recorded[key].cmdline != cmdline:
-                        with self._lock:
-                            self._recorded[key] = Recorded(child.pid, key[1], cmdline)
-                except psutil.Error:
-                    continue
-                if child.pid not in seen:
-                    seen.add(child.pid)
-                    todo.append(child.pid)
+                    cmdline = _cmdline(pid)
+                    known = self._recorded.get((pid, start))
+                    if known is None or (cmdline and known.cmdline != cmdline):
+                        self._recorded[(pid, start)] = Recorded(pid, start, cmdline)
+                    if pid not in seen:
+                        seen.add(pid)
+                        todo.append(pid)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
