@@ -47,7 +47,7 @@ def check_chat_tokenizer(path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--train", type=int, default=4000, help="training problems")
+    parser.add_argument("--train", type=int, default=8000, help="training problems")
     parser.add_argument("--heldout", type=int, default=128, help="held-out problems")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chat-tokenizer", type=Path, help="write chat-message prompts, checked against this tokenizer")
