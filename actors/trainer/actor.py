@@ -392,6 +392,9 @@ class TrainerActor(Actor):
         per_step = []
         for indices in steps:
             per_step.append(await self._optimizer_step(batch.select(indices), loss_spec, max_response_len))
+        if self.config.train_step_delay:
+            # Outside the lock and without a CPU: the step only takes longer, as a slower trainer's would.
+            await asyncio.sleep(self.config.train_step_delay)
         return mean_step_metrics(per_step)
 
     async def _optimizer_step(self, batch: Batch, loss_spec: LossSpec, max_response_len: int | None) -> dict[str, float]:

@@ -68,6 +68,9 @@ class TrainerConfig:
     trainer_num_threads: int = field(default=0, metadata={
         "help": "torch threads per CPU rank (OMP_NUM_THREADS); 0 = torch's default. On a small CPU machine, "
         "leave cores to the engines so generation and training can overlap"})
+    train_step_delay: float = field(default=0.0, metadata={
+        "help": "seconds each train step waits after its update (benchmarks only: a trainer slower than "
+        "generation lets fully-async runs reach --max-staleness; benchmarks/staleness_ablation.py)"})
     megatron: dict[str, Any] = field(
         default_factory=dict,
         metadata={"help": "megatron-core TransformerConfig/OptimizerConfig/DDP config fields (pass-through)"},
@@ -88,6 +91,8 @@ class TrainerConfig:
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "actor_num_procs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.train_step_delay < 0:
+            raise ValueError(f"--train-step-delay must be >= 0, got {self.train_step_delay}")
         if self.actor_num_nodes != 1:
             raise ValueError("--actor-num-nodes > 1 is not supported yet (single-host torchrun)")
         from actors.trainer.model_flags import check_model_flags
