@@ -12,35 +12,19 @@ DDP averages gradients over DP, so each micro-batch loss is multiplied back by b
 
 from __future__ import annotations
 
-import math
-import os
 import time
-from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from actors.trainer.bridge import hf_vocab_size_of, load_hf_weights, save_hf_checkpoint, unwrap_model
-from actors.trainer.checkpoint import load_checkpoint, save_checkpoint
 from actors.trainer.config import TrainerConfig
-from actors.trainer.dp_split import split_into_micro_batches
-from actors.trainer.logprobs import response_positions, vocab_parallel_logprobs
-from actors.trainer.model import build_gpt_model
-from actors.trainer.optimizer import (
-    ScheduleConfig,
-    build_optimizer,
-    has_grad_scaler,
-    optimizer_config,
-    split_megatron_overrides,
-    wrap_ddp,
-)
-from actors.trainer.parallel import init_model_parallel
-from actors.trainer.protocol import RankInfo, SampleLogprobs, TensorMeta, WeightGroupSpec
+from actors.trainer.logprobs import vocab_parallel_logprobs
+from actors.trainer.protocol import SampleLogprobs, TensorMeta, WeightGroupSpec
+from actors.trainer.rank import MegatronRank, all_finite, all_ranks_agree, response_tensors
 from actors.trainer.weight_sync import WeightBroadcaster
 from policies.loss_spec import LossSpec
 from policies.objective import compute_objective
@@ -51,112 +35,31 @@ class NonFiniteWeights(RuntimeError):
     """The model's weights hold NaN or inf: they must never reach an engine or an export."""
 
 
-def _grad_of(param: torch.nn.Parameter) -> torch.Tensor | None:
-    # Megatron's DDP accumulates into main_grad; plain .grad otherwise.
-    main = getattr(param, "main_grad", None)
-    return main if main is not None else param.grad
-
-
-def _all_finite(tensors: list[torch.Tensor]) -> bool:
-    # One device sync for all tensors, not one per tensor.
-    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()) if tensors else True
-
-
-def _all_ranks_agree(ok: bool, device: torch.device) -> bool:
-    """True when ``ok`` holds on every rank: a rank that alone skipped a collective would hang the rest."""
-    flag = torch.tensor([0.0 if ok else 1.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() == 0.0
-
-
-def _pad(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dtype) -> torch.Tensor:
-    out = torch.zeros(len(rows), width, dtype=dtype)
-    for i, row in enumerate(rows):
-        if row:
-            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
-    return out
-
-
 def _micro_batch_tensors(batch: Batch, device: torch.device) -> dict[str, Any]:
     """Right-padded model inputs and response-aligned ``[B, T]`` training tensors."""
-    seq = max(batch.lengths)
-    width = max(max(batch.response_lengths), 1)
-    tokens = _pad(batch.tokens, seq, torch.long)
-    rlen = torch.tensor(batch.response_lengths, dtype=torch.long)
-    plen = torch.tensor(batch.lengths, dtype=torch.long) - rlen
-    positions, valid = response_positions(plen, rlen, width)
+    out = response_tensors(batch, device, ("advantages", "rollout_logprobs", "ref_logprobs", "old_logprobs"))
     # Targets are the tokens one step after each scoring position (padding points at token 1).
-    targets = tokens.gather(1, (positions + 1).clamp(max=seq - 1))
-    out: dict[str, Any] = {
-        "tokens": tokens.to(device),
-        "position_ids": torch.arange(seq, device=device).unsqueeze(0).expand(len(batch), seq),
-        "positions": positions.to(device),
-        "targets": targets.to(device),
-        "valid": valid.to(device),
-        "response_lengths": batch.response_lengths,
-        "loss_mask": (_pad(batch.loss_masks, width, torch.float) * valid).to(device),
-    }
-    for name in ("advantages", "rollout_logprobs", "ref_logprobs", "old_logprobs"):
-        rows = getattr(batch, name)
-        out[name] = _pad(rows, width, torch.float).to(device) if rows is not None else None
+    tokens = out["tokens"]
+    out["targets"] = tokens.gather(1, (out["positions"] + 1).clamp(max=tokens.size(1) - 1))
     return out
 
 
-class TrainerOps:
-    """Model + DDP + optimizer + scheduler of one rank, and the operations on them."""
+class TrainerOps(MegatronRank):
+    """The policy's rank: logprobs, the policy loss's optimizer step, the reference model,
+    HF export and weight broadcast to the engines."""
 
     def __init__(self, config: TrainerConfig):
-        self.config = config
-        sections = split_megatron_overrides(config.megatron)
-        init_model_parallel(
-            tensor_parallel_size=sections.transformer.get("tensor_model_parallel_size", 1),
-            pipeline_parallel_size=sections.transformer.get("pipeline_model_parallel_size", 1),
-            seed=config.seed,
-        )
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        model = build_gpt_model(config.hf_checkpoint, sections.transformer, use_sdpa=config.use_sdpa, load_weights=True)
-        self.model_config = model.config
-        self.ddp = wrap_ddp(model, self.model_config, sections.ddp)
-        self.optimizer, self.scheduler = build_optimizer(
-            self.ddp, optimizer_config(sections.optimizer, self.model_config), ScheduleConfig(**sections.schedule)
-        )
-        if has_grad_scaler(self.optimizer):
-            # Megatron's schedule scales the loss only through this hook, while the optimizer
-            # unscales the grads regardless: without it fp16 grads come out 1/scale too small.
-            self.model_config.grad_scale_func = self.optimizer.scale_loss
-        self.step = 0
-        self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
+        super().__init__(config)
+        model = unwrap_model(self.ddp)
         self.hf_vocab_size = hf_vocab_size_of(model)
         self.weights = WeightBroadcaster(model, int(config.weight_bucket_mb * 1024 * 1024))
         self.ref_state: dict[str, torch.Tensor] | None = None
         if config.use_reference or config.ref_load:
             self.set_reference_model(config.ref_load)
 
-    # ----- discovery ---------------------------------------------------------------------------
-    def info(self) -> RankInfo:
-        return RankInfo(
-            rank=dist.get_rank(),
-            world_size=dist.get_world_size(),
-            pid=os.getpid(),
-            dp_rank=parallel_state.get_data_parallel_rank(),
-            dp_size=parallel_state.get_data_parallel_world_size(),
-            tp_rank=parallel_state.get_tensor_model_parallel_rank(),
-            tp_size=parallel_state.get_tensor_model_parallel_world_size(),
-            pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
-            pp_size=parallel_state.get_pipeline_model_parallel_world_size(),
-        )
-
     # ----- forward passes ----------------------------------------------------------------------
     def _micro_batches(self, batch: Batch) -> list[Batch]:
-        groups = split_into_micro_batches(
-            batch.lengths, max_tokens=self.config.max_tokens_per_gpu, micro_batch_size=self.config.micro_batch_size
-        )
-        return [batch.select(g) for g in groups]
-
-    def _forward_step(self, loss_fn, data_iterator: Iterator[dict[str, Any]], model: torch.nn.Module):
-        mb = next(data_iterator)
-        logits = model(mb["tokens"], mb["position_ids"], None)
-        return logits, partial(loss_fn, mb)
+        return [batch.select(g) for g in self._micro_batch_indices(batch)]
 
     def _token_stats(self, mb: dict[str, Any], logits: torch.Tensor, temperature: float, with_grad_entropy: bool):
         """(logprobs, entropy) ``[B, T]`` of the response tokens of a micro-batch."""
@@ -170,17 +73,7 @@ class TrainerOps:
         return logprobs, entropy
 
     def _run(self, micro_batches: list[Batch], loss_fn, forward_only: bool) -> list[Any]:
-        data = iter([_micro_batch_tensors(mb, self.device) for mb in micro_batches])
-        seq = max(max(mb.lengths) for mb in micro_batches)
-        return get_forward_backward_func()(
-            forward_step_func=partial(self._forward_step, loss_fn),
-            data_iterator=data,
-            model=[self.ddp],
-            num_microbatches=len(micro_batches),
-            seq_length=seq,
-            micro_batch_size=max(len(mb) for mb in micro_batches),
-            forward_only=forward_only,
-        )
+        return self._schedule(micro_batches, _micro_batch_tensors, loss_fn, forward_only)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, model: str = "actor") -> list[SampleLogprobs] | None:
@@ -216,9 +109,7 @@ class TrainerOps:
             return None
         rows = [row for out in outputs for row in out["rows"]]
         # Micro-batching reorders samples: put them back in shard order.
-        order = [i for group in split_into_micro_batches(
-            batch.lengths, max_tokens=self.config.max_tokens_per_gpu, micro_batch_size=self.config.micro_batch_size
-        ) for i in group]
+        order = [i for group in self._micro_batch_indices(batch) for i in group]
         result: list[SampleLogprobs | None] = [None] * len(batch)
         for i, row in zip(order, rows):
             result[i] = row
@@ -255,30 +146,13 @@ class TrainerOps:
         self.optimizer.zero_grad()
         outputs = self._run(micro_batches, loss_fn, forward_only=False)
         lr = float(self.optimizer.param_groups[0]["lr"])  # the lr this update uses
-        # fp16: Megatron's grad scaler finds inf/NaN grads itself, skips the step and lowers the
-        # loss scale (skipping before it would never lower the scale). bf16/fp32 optimizers would
-        # step on them and every weight would become NaN: skipped here, on every rank alike.
-        if has_grad_scaler(self.optimizer) or self._loss_and_grads_finite(outputs):
-            update_ok, grad_norm, num_zeros = self.optimizer.step()
-        else:
-            self.ddp.zero_grad_buffer()
-            self.optimizer.zero_grad()
-            update_ok, grad_norm, num_zeros = False, float("nan"), None
-        self.skipped_steps += not update_ok
-        if update_ok:
-            self.scheduler.step(increment=1)
-            self.step += 1
+        update_ok, grad_norm = self._optimizer_step(outputs)
+        metrics = self._summed_metrics(outputs)
         info = self.info()
-        metrics: dict[str, float] = {}
-        if info.pp_rank == info.pp_size - 1:
-            keys = sorted({k for out in outputs for k in out})
-            sums = torch.tensor([sum(out.get(k, 0.0) for out in outputs) for k in keys], dtype=torch.float64, device=self.device)
-            dist.all_reduce(sums, group=parallel_state.get_data_parallel_group())
-            metrics = dict(zip(keys, sums.tolist()))
         if not (info.reports and info.dp_rank == 0):
             return None
         metrics.update(
-            grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+            grad_norm=grad_norm,
             lr=lr,
             update_successful=float(update_ok),
             skipped_steps=float(self.skipped_steps),
@@ -289,17 +163,11 @@ class TrainerOps:
         )
         return metrics
 
-    def _loss_and_grads_finite(self, outputs: list[Any]) -> bool:
-        """Whether this step's loss and every rank's gradients are finite (agreed over all ranks)."""
-        local = all(math.isfinite(out.get("loss", 0.0)) for out in outputs if isinstance(out, dict))
-        grads = [_grad_of(p) for p in unwrap_model(self.ddp).parameters()]
-        return _all_ranks_agree(local and _all_finite([g for g in grads if g is not None]), self.device)
-
     @torch.no_grad()
     def _refuse_non_finite_weights(self, what: str) -> None:
         """Raise before ``what`` publishes weights (export, broadcast) when any rank's are not finite."""
         params = self._params()
-        if _all_ranks_agree(_all_finite(list(params.values())), self.device):
+        if all_ranks_agree(all_finite(list(params.values())), self.device):
             return
         bad = [name for name, p in params.items() if not bool(torch.isfinite(p).all())]
         where = f"parameter {bad[0]} (and {len(bad) - 1} more) on rank {dist.get_rank()}" if bad else "another rank"
@@ -338,16 +206,7 @@ class TrainerOps:
 
         return _Swap()
 
-    # ----- checkpoints and export ------------------------------------------------------------------
-    def save(self, path: str) -> None:
-        save_checkpoint(path, unwrap_model(self.ddp), self.optimizer, self.scheduler, {"step": self.step})
-
-    def load(self, path: str) -> int:
-        """Restore a checkpoint; returns its step."""
-        extra = load_checkpoint(path, unwrap_model(self.ddp), self.optimizer, self.scheduler)
-        self.step = int(extra.get("step", 0))
-        return self.step
-
+    # ----- export ---------------------------------------------------------------------------------
     def export_hf(self, path: str) -> None:
         """HF safetensors + config + tokenizer (collective; global rank 0 writes)."""
         self._refuse_non_finite_weights(f"export weights to {path}")

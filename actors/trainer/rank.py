@@ -1,0 +1,203 @@
+"""What every Megatron rank of a torchrun group does, whatever its model computes.
+
+The policy's ranks (`actors.trainer.ops.TrainerOps`) and the critic's
+(`actors.critic.ops.CriticOps`) differ in their head and their losses; they share the model,
+DDP, optimizer and schedule set-up, discovery, micro-batching, Megatron's forward-backward
+schedule, the guarded optimizer step (a non-finite loss or gradient on any rank skips it on
+every rank) and checkpoints. Methods run SPMD on each rank's worker thread, one at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from actors.trainer.bridge import unwrap_model
+from actors.trainer.checkpoint import load_checkpoint, save_checkpoint
+from actors.trainer.config import TrainerConfig
+from actors.trainer.dp_split import split_into_micro_batches
+from actors.trainer.logprobs import response_positions
+from actors.trainer.model import build_gpt_model
+from actors.trainer.optimizer import (
+    ScheduleConfig,
+    build_optimizer,
+    has_grad_scaler,
+    optimizer_config,
+    split_megatron_overrides,
+    wrap_ddp,
+)
+from actors.trainer.parallel import init_model_parallel
+from actors.trainer.protocol import RankInfo
+from slime_async.batch import Batch
+
+
+def pad_rows(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=dtype)
+    for i, row in enumerate(rows):
+        if row:
+            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def response_tensors(batch: Batch, device: torch.device, fields: tuple[str, ...]) -> dict[str, Any]:
+    """Right-padded model inputs of one micro-batch, where each response token is scored
+    (``positions``, ``valid``), its loss mask, and the ``[B, T]`` per-token ``fields`` of the batch."""
+    seq = max(batch.lengths)
+    width = max(max(batch.response_lengths), 1)
+    tokens = pad_rows(batch.tokens, seq, torch.long)
+    rlen = torch.tensor(batch.response_lengths, dtype=torch.long)
+    plen = torch.tensor(batch.lengths, dtype=torch.long) - rlen
+    positions, valid = response_positions(plen, rlen, width)
+    out: dict[str, Any] = {
+        "tokens": tokens.to(device),
+        "position_ids": torch.arange(seq, device=device).unsqueeze(0).expand(len(batch), seq),
+        "positions": positions.to(device),
+        "valid": valid.to(device),
+        "response_lengths": batch.response_lengths,
+        "loss_mask": (pad_rows(batch.loss_masks, width, torch.float) * valid).to(device),
+    }
+    for name in fields:
+        rows = getattr(batch, name)
+        out[name] = pad_rows(rows, width, torch.float).to(device) if rows is not None else None
+    return out
+
+
+def grad_of(param: torch.nn.Parameter) -> torch.Tensor | None:
+    # Megatron's DDP accumulates into main_grad; plain .grad otherwise.
+    main = getattr(param, "main_grad", None)
+    return main if main is not None else param.grad
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    # One device sync for all tensors, not one per tensor.
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()) if tensors else True
+
+
+def all_ranks_agree(ok: bool, device: torch.device) -> bool:
+    """True when ``ok`` holds on every rank: a rank that alone skipped a collective would hang the rest."""
+    flag = torch.tensor([0.0 if ok else 1.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() == 0.0
+
+
+class MegatronRank:
+    """Model + DDP + optimizer + scheduler of one rank, and the operations every rank has."""
+
+    def __init__(self, config: TrainerConfig, adapt_model: Callable[[torch.nn.Module], None] | None = None):
+        self.config = config
+        sections = split_megatron_overrides(config.megatron)
+        init_model_parallel(
+            tensor_parallel_size=sections.transformer.get("tensor_model_parallel_size", 1),
+            pipeline_parallel_size=sections.transformer.get("pipeline_model_parallel_size", 1),
+            seed=config.seed,
+        )
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        model = build_gpt_model(config.hf_checkpoint, sections.transformer, use_sdpa=config.use_sdpa, load_weights=True)
+        if adapt_model is not None:
+            adapt_model(model)  # e.g. the critic's value head, before DDP wraps the parameters
+        self.model_config = model.config
+        self.ddp = wrap_ddp(model, self.model_config, sections.ddp)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.ddp, optimizer_config(sections.optimizer, self.model_config), ScheduleConfig(**sections.schedule)
+        )
+        if has_grad_scaler(self.optimizer):
+            # Megatron's schedule scales the loss only through this hook, while the optimizer
+            # unscales the grads regardless: without it fp16 grads come out 1/scale too small.
+            self.model_config.grad_scale_func = self.optimizer.scale_loss
+        self.step = 0
+        self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
+
+    # ----- discovery ---------------------------------------------------------------------------
+    def info(self) -> RankInfo:
+        return RankInfo(
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            pid=os.getpid(),
+            dp_rank=parallel_state.get_data_parallel_rank(),
+            dp_size=parallel_state.get_data_parallel_world_size(),
+            tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+            tp_size=parallel_state.get_tensor_model_parallel_world_size(),
+            pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+            pp_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        )
+
+    # ----- forward-backward --------------------------------------------------------------------
+    def _micro_batch_indices(self, batch: Batch) -> list[list[int]]:
+        return split_into_micro_batches(
+            batch.lengths, max_tokens=self.config.max_tokens_per_gpu, micro_batch_size=self.config.micro_batch_size
+        )
+
+    def _forward_step(self, loss_fn, data_iterator: Iterator[dict[str, Any]], model: torch.nn.Module):
+        mb = next(data_iterator)
+        output = model(mb["tokens"], mb["position_ids"], None)
+        return output, partial(loss_fn, mb)
+
+    def _schedule(self, micro_batches: list[Batch], tensors: Callable[[Batch, torch.device], dict[str, Any]],
+                  loss_fn, forward_only: bool) -> list[Any]:
+        """Megatron's forward-backward schedule over ``micro_batches``; ``loss_fn(mb, output)``."""
+        data = iter([tensors(mb, self.device) for mb in micro_batches])
+        return get_forward_backward_func()(
+            forward_step_func=partial(self._forward_step, loss_fn),
+            data_iterator=data,
+            model=[self.ddp],
+            num_microbatches=len(micro_batches),
+            seq_length=max(max(mb.lengths) for mb in micro_batches),
+            micro_batch_size=max(len(mb) for mb in micro_batches),
+            forward_only=forward_only,
+        )
+
+    # ----- the optimizer step ------------------------------------------------------------------
+    def _optimizer_step(self, outputs: list[Any]) -> tuple[bool, float]:
+        """``(update_ok, grad_norm)`` of the step after a backward pass that produced ``outputs``.
+
+        fp16: Megatron's grad scaler finds inf/NaN grads itself, skips the step and lowers the
+        loss scale (skipping before it would never lower the scale). bf16/fp32 optimizers would
+        step on them and every weight would become NaN: skipped here, on every rank alike.
+        """
+        if has_grad_scaler(self.optimizer) or self._loss_and_grads_finite(outputs):
+            update_ok, grad_norm, _ = self.optimizer.step()
+        else:
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            update_ok, grad_norm = False, float("nan")
+        self.skipped_steps += not update_ok
+        if update_ok:
+            self.scheduler.step(increment=1)
+            self.step += 1
+        return update_ok, float(grad_norm) if grad_norm is not None else float("nan")
+
+    def _loss_and_grads_finite(self, outputs: list[Any]) -> bool:
+        """Whether this step's loss and every rank's gradients are finite (agreed over all ranks)."""
+        local = all(math.isfinite(value) for out in outputs if isinstance(out, dict)
+                    for key, value in out.items() if key.endswith("loss"))
+        grads = [grad_of(p) for p in unwrap_model(self.ddp).parameters()]
+        return all_ranks_agree(local and all_finite([g for g in grads if g is not None]), self.device)
+
+    def _summed_metrics(self, outputs: list[Any]) -> dict[str, float]:
+        """The micro-batches' metrics summed over this DP group (on the last pipeline stage)."""
+        info = self.info()
+        if info.pp_rank != info.pp_size - 1:
+            return {}
+        keys = sorted({k for out in outputs for k in out})
+        sums = torch.tensor([sum(out.get(k, 0.0) for out in outputs) for k in keys], dtype=torch.float64,
+                            device=self.device)
+        dist.all_reduce(sums, group=parallel_state.get_data_parallel_group())
+        return dict(zip(keys, sums.tolist()))
+
+    # ----- checkpoints -------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        save_checkpoint(path, unwrap_model(self.ddp), self.optimizer, self.scheduler, {"step": self.step})
+
+    def load(self, path: str) -> int:
+        """Restore everything `save` wrote (a resume); returns its step."""
+        extra = load_checkpoint(path, unwrap_model(self.ddp), self.optimizer, self.scheduler)
+        self.step = int(extra.get("step", 0))
+        return self.step
