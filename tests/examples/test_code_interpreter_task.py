@@ -101,9 +101,13 @@ def test_make_task_writes_chat_prompts_for_a_tokenizer_with_a_chat_template(tmp_
     assert [m["role"] for m in prompt] == ["system", "user"] and prompt[1]["content"].startswith("What is ")
 
 
-def test_make_task_refuses_a_directory_without_a_tokenizer_in_one_line(tmp_path):
-    with pytest.raises(SystemExit, match="--chat-tokenizer .*: not a tokenizer directory"):
+def test_make_task_refuses_a_directory_without_a_tokenizer_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
         make_task.main(["--out", str(tmp_path / "data"), "--chat-tokenizer", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"--chat-tokenizer {tmp_path}: not a tokenizer directory") and "\n" not in err
+    assert not (tmp_path / "data").exists()
 
 
 def test_openai_episode_segments_rebuild_the_whole_rendered_episode_split_at_the_model_turns():

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: examples.agentic...
 
+from examples.agentic.chat import load_chat_tokenizer  # noqa: E402
 from examples.agentic.code_interpreter import task  # noqa: E402
 
 
@@ -30,15 +31,8 @@ def prompt_of(problem: task.Problem, chat: bool) -> str | list[dict[str, str]]:
 
 
 def check_chat_tokenizer(path: Path) -> None:
-    """One line and exit 2 when ``path`` is no tokenizer with a chat template."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"--chat-tokenizer {path}: not a tokenizer directory ({str(error).splitlines()[0]})")
-    if not tokenizer.chat_template:
-        raise SystemExit(f"--chat-tokenizer {path}: the tokenizer has no chat template")
+    """One line and exit 2 when ``path`` is no tokenizer with a chat template; else how a prompt renders."""
+    tokenizer = load_chat_tokenizer(path)
     example = prompt_of(task.Problem("1+2*3", 7), chat=True)
     rendered = tokenizer.apply_chat_template(example, tokenize=False, add_generation_prompt=True)
     print(f"chat prompts render with {path}'s template ({len(tokenizer(rendered)['input_ids'])} tokens each)")

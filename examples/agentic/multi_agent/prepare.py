@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: run as a script
+from examples.agentic.chat import load_chat_tokenizer  # noqa: E402
 from examples.agentic.multi_agent import agent, task  # noqa: E402
 
 
@@ -32,14 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tokenizer = None
     if args.chat_tokenizer is not None:
-        from transformers import AutoTokenizer
-
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(args.chat_tokenizer))
-        except (OSError, ValueError) as error:
-            parser.exit(2, f"--chat-tokenizer {args.chat_tokenizer}: not a tokenizer directory ({str(error).splitlines()[0]})\n")
-        if not tokenizer.chat_template:
-            parser.exit(2, f"--chat-tokenizer {args.chat_tokenizer}: the tokenizer has no chat template\n")
+        tokenizer = load_chat_tokenizer(args.chat_tokenizer)
     chat = tokenizer is not None
     strings = task.make_strings(args.seed, args.train + args.heldout)
     heldout, train = strings[: args.heldout], strings[args.heldout:]

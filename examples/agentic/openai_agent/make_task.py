@@ -23,6 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: examples.agentic...
 
 from actors.router.tool_calls import template_messages  # noqa: E402
+from examples.agentic.chat import load_chat_tokenizer  # noqa: E402
 from examples.agentic.code_interpreter import task  # noqa: E402
 from examples.agentic.openai_agent.agent import TOOLS, conversation  # noqa: E402
 
@@ -36,15 +37,7 @@ def load_template_tokenizer(model: Path | None) -> Any:
         tokenizer = train_tokenizer(300, 0, corpus=["x"])  # only its template is used here
         tokenizer.chat_template = TOOL_CHAT_TEMPLATE
         return tokenizer
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"--model {model}: not a tokenizer directory ({str(error).splitlines()[0]})")
-    if not tokenizer.chat_template:
-        raise SystemExit(f"--model {model}: the tokenizer has no chat template")
-    return tokenizer
+    return load_chat_tokenizer(model, flag="--model")
 
 
 def episode_segments(tokenizer: Any, problem: task.Problem) -> tuple[str, list[dict[str, Any]]]:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: run as a script
+from examples.agentic.chat import load_chat_tokenizer  # noqa: E402
 from examples.agentic.search import retriever, task  # noqa: E402
 
 
@@ -28,18 +29,6 @@ def prompt_of(question: task.Question, chat: bool):
     if chat:
         return [{"role": "system", "content": task.SYSTEM_PROMPT}, {"role": "user", "content": question.text}]
     return f"Question: {question.text}\n"
-
-
-def check_chat_tokenizer(path: Path) -> None:
-    """A clear line (exit 2) unless ``path`` is a tokenizer directory with a chat template."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"--chat-tokenizer {path}: not a tokenizer directory ({str(error).splitlines()[0]})")
-    if not tokenizer.chat_template:
-        raise SystemExit(f"--chat-tokenizer {path}: the tokenizer has no chat template")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.top_k < 1 or args.max_turns < 3:
         parser.error("--top-k must be >= 1 and --max-turns >= 3 (two searches and an answer)")
     if args.chat_tokenizer is not None:
-        check_chat_tokenizer(args.chat_tokenizer)
+        load_chat_tokenizer(args.chat_tokenizer)
     chat = args.chat_tokenizer is not None
 
     world = task.make_world(args.seed)
