@@ -145,7 +145,18 @@ def prepare_workdir(spec):
         options = f"size={spec['workdir_bytes']},mode=0700"
         if uid is not None:
             options += f",uid={uid},gid={gid}"
-        mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        # An interpreter installed under /tmp (a checkout's venv there) would vanish under the
+        # tmpfs: its directories are bound back inside it, read-only like the rest.
+        keep = spec["workdir_keep"]
+        sources = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep]
+        try:
+            mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, options)
+            for path, source in zip(keep, sources):
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                mount(f"/proc/self/fd/{source}", path, None, MS_BIND | MS_REC)
+        finally:
+            for source in sources:
+                os.close(source)
         for other in ("/var/tmp", "/dev/shm"):
             if os.path.isdir(other):
                 try:
@@ -167,8 +178,12 @@ def write_files(spec, workdir):
             handle.write(text)
     if uid is not None:
         for root, dirs, names in os.walk(workdir):
+            dirs[:] = [d for d in dirs if not os.path.ismount(os.path.join(root, d))]  # a bound-back interpreter
             for name in dirs + names:
-                os.lchown(os.path.join(root, name), uid, gid)
+                path = os.path.join(root, name)
+                if spec["workdir_keep"] and any(keep.startswith(path + "/") for keep in spec["workdir_keep"]):
+                    continue  # a directory leading to a bound-back interpreter: root's, read-only below
+                os.lchown(path, uid, gid)
         os.chown(workdir, uid, gid)
 
 

@@ -116,6 +116,8 @@ class Sandbox:
         self.python = self.limits.python or sys.executable
         self.isolation = isolation or probe_isolation()
         self._hidden = hidden_mounts(self.python, self.limits.hidden_paths)
+        # The run's /tmp is its own tmpfs: interpreter directories under the host's /tmp are bound back.
+        self._workdir_keep = [str(p) for p in interpreter_paths(self.python) if Path("/tmp") in p.parents]
         if not self.isolation.namespaces:
             closed = closed_ancestors(self.python)
             if closed and self.isolation.as_root:
@@ -186,7 +188,8 @@ class Sandbox:
                    "NOFILE": limits.open_files, "CORE": 0}
         if uid is not None:
             rlimits["NPROC"] = limits.processes  # counted per uid, and each slot has its own uid
-        return {"isolate": self.isolation.namespaces, "hide": self._hidden, "uid": uid, "gid": uid, "argv": argv,
+        return {"isolate": self.isolation.namespaces, "hide": self._hidden, "workdir_keep": self._workdir_keep,
+                "uid": uid, "gid": uid, "argv": argv,
                 "env": env, "rlimits": rlimits, "files": files, "workdir_bytes": limits.workdir_bytes,
                 "processes": limits.processes, "host_workdir": host_workdir,
                 "cgroup_procs": str(cgroup / "cgroup.procs") if cgroup else None}

@@ -63,6 +63,9 @@ class DescendantWatch:
 
     root_pid: int
     seen: dict[int, float] = field(default_factory=dict)
+    # Descendants alive before the watch began (other tests' session fixtures, a CPU engine):
+    # not the sandbox's, so never counted as left behind by it.
+    before: set[int] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -84,6 +87,8 @@ class DescendantWatch:
 
     def __enter__(self) -> "DescendantWatch":
         self._scan()
+        self.before = set(self.seen)
+        self.seen.clear()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self
@@ -95,7 +100,7 @@ class DescendantWatch:
     def survivors(self, ignore: set[int] = frozenset()) -> list[int]:
         alive = []
         for pid, created in self.seen.items():
-            if pid in ignore:
+            if pid in ignore or pid in self.before:
                 continue
             try:
                 process = psutil.Process(pid)

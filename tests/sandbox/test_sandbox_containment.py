@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slime_async.sandbox import Sandbox, SandboxLimits, SandboxRunner
-from slime_async.sandbox.pool import Isolation, closed_ancestors
+from slime_async.sandbox.pool import Isolation, closed_ancestors, interpreter_paths
 from tests.sandbox.conftest import (FORK_BOMB, LIBRARY_UID_BASE, TEST_LIMITS, DescendantWatch, assert_nothing_left,
                                     requires_root)
 
@@ -159,8 +159,11 @@ def world_writable_dir():
 
 
 async def test_writing_outside_the_working_directory_fails(sandbox, tmp_path, world_writable_dir):
-    for target, error in ((tmp_path / "escaped.txt", "FileNotFoundError"),  # under /tmp: not even visible
-                          (world_writable_dir / "escaped.txt", "Read-only file system")):
+    # A directory under /tmp is not even visible (the run's /tmp is its own tmpfs) — a checkout
+    # under /tmp puts world_writable_dir there too.
+    under_tmp = Path("/tmp") in world_writable_dir.resolve().parents
+    for target, error in ((tmp_path / "escaped.txt", "FileNotFoundError"),
+                          (world_writable_dir / "escaped.txt", "FileNotFoundError" if under_tmp else "Read-only file system")):
         result = await contained_run(sandbox, f"open({str(target)!r}, 'w').write('x')")
         assert result.exit_code == 1 and error in result.stderr
         assert not target.exists()
@@ -188,7 +191,10 @@ async def test_the_working_directory_is_fresh_for_every_run(sandbox):
     first = await sandbox.run("open('left.txt', 'w').write('x')\nimport os\nprint(os.getcwd())")
     assert (first.stdout, first.exit_code) == ("/tmp\n", 0)
     second = await sandbox.run("import os\nprint(sorted(os.listdir('.')))")
-    assert second.stdout == "['_main.py']\n"
+    # An interpreter installed under /tmp (a checkout there) is bound back into the run's /tmp.
+    interpreter = sorted({p.relative_to("/tmp").parts[0] for p in interpreter_paths(sys.executable)
+                          if Path("/tmp") in p.parents})
+    assert second.stdout == f"{sorted(['_main.py', *interpreter])}\n"
 
 
 async def test_a_big_file_is_stopped_by_the_file_size_limit(sandbox):
