@@ -28,7 +28,7 @@ import aiohttp
 from actors.trainer.actor import update_engine_weights
 from actors.trainer.protocol import WeightGroupSpec
 from slime_async.actor import ActorRef
-from slime_async.engine_client import EngineClient
+from slime_async.engine_client import EngineClient, EngineConnectionError
 from slime_async.net import free_port
 
 log = logging.getLogger(__name__)
@@ -156,8 +156,20 @@ class WeightSync:
         rank_offsets, world_size = await self._layout(clients)
         spec = WeightGroupSpec(master_address="127.0.0.1", master_port=free_port(), world_size=world_size,
                                group_name=group_name or f"weights-v{version}", backend="gloo" if not _cuda() else "nccl")
-        await update_engine_weights(self.trainer, clients, spec, rank_offsets=rank_offsets,
-                                    weight_version=str(version), timeout=self.timeout)
+        try:
+            await update_engine_weights(self.trainer, clients, spec, rank_offsets=rank_offsets,
+                                        weight_version=str(version), timeout=self.timeout)
+        except Exception as error:
+            gone = [c.url for c, up in zip(clients, await asyncio.gather(*(_answers(c) for c in clients))) if not up]
+            if not gone and not _lost_connection(error):
+                raise
+            gone = gone or [c.url for c in clients]
+            # An engine died during the collective (killed, crashed): the others may hold a part of
+            # the update, so resume() keeps every engine not on this version out as stale, and the
+            # watcher loads the current weights into each once it answers again. The run goes on.
+            log.error("weight sync v%d: engine(s) %s went away during the broadcast (%s); each is updated "
+                      "when it answers again", version, ", ".join(gone), error)
+            return
         await asyncio.gather(*(c.flush_cache() for c in clients), return_exceptions=True)
 
     async def _layout(self, clients: list[EngineClient]) -> tuple[list[int], int]:
@@ -183,6 +195,24 @@ class WeightSync:
                     shutil.rmtree(old, ignore_errors=True)
             except ValueError:
                 continue
+
+
+async def _answers(client: EngineClient) -> bool:
+    """Whether the engine answers its health check now (a dead one refuses the connection)."""
+    try:
+        return await client.health(timeout=5.0)
+    except Exception:  # noqa: BLE001 - any failure to answer is "not answering"
+        return False
+
+
+def _lost_connection(error: BaseException) -> bool:
+    """Whether an engine's connection broke (it died; an owned one may already be restarting)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, EngineConnectionError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def broadcast_layout(urls: Sequence[str], server_infos: Sequence[Mapping[str, Any]]) -> tuple[list[int], int]:
