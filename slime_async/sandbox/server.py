@@ -12,18 +12,17 @@ server keeps serving.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hmac
 import logging
-import signal
 import sys
 from dataclasses import fields
 
 import orjson
 from aiohttp import web
 
-from slime_async.sandbox.limits import SandboxLimits
+from slime_async.net import serve_until_signalled
 from slime_async.runtime import run
+from slime_async.sandbox.limits import SandboxLimits
 from slime_async.sandbox.pool import Sandbox, SandboxError
 
 log = logging.getLogger(__name__)
@@ -133,14 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         # Tests and scripts read this line to learn the URL (with --port 0).
         print(f"sandbox server listening on http://{args.host}:{port} "
               f"(network_isolated={str(sandbox.isolation.network_isolated).lower()})", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
+        await serve_until_signalled(runner)
 
     async def main_coroutine() -> int:
         await serve()

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import signal
 import sys
 import time
 import uuid
@@ -31,6 +30,7 @@ from actors.engine.cpu.config import EngineArgs, ModelDirError, parse_args
 from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
 from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
 from actors.engine.cpu.scheduler import PAUSE_MODES, Request, Scheduler, SchedulerConfig
+from slime_async.net import serve_until_signalled
 from slime_async.weight_group import destroy_custom_process_group, init_custom_process_group
 
 logger = logging.getLogger("cpu_engine")
@@ -497,14 +497,7 @@ async def serve(args: EngineArgs) -> int:
     server.args.port = port
     # The launcher and the test fixture read this line to learn the URL.
     print(f"cpu engine listening on http://{args.host}:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await app_runner.cleanup()
+    await serve_until_signalled(app_runner)
     return 0
 
 
