@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from slime_async.tiny_model import build_tiny_model
+from tests.runtime.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
 # Generous for a loaded CI machine; before the fix a SIGTERM during start-up waited for the
@@ -32,17 +33,6 @@ def inputs(tmp_path_factory):
     data = root / "prompts.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"{a}+{a}=", "label": str(2 * a)}) for a in range(8)) + "\n")
     return root, model, data
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.add(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 def _descendants(pid: int) -> dict[int, str]:
@@ -94,11 +84,11 @@ def test_sigterm_stops_the_run_and_every_descendant(inputs, moment, tmp_path):
         if moment == "while the trainer ranks start":
             assert "received SIGTERM during start-up" in stderr, stderr[-3000:]
         deadline = time.monotonic() + 10
-        while _alive(set(seen)) and time.monotonic() < deadline:
+        while alive(set(seen)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = {pid: seen[pid] for pid in _alive(set(seen))}
+        left = {pid: seen[pid] for pid in alive(set(seen))}
         assert not left, f"descendants outlived the run: {left}"
     finally:
         main.kill()
-        for pid in _alive(set(seen)):
+        for pid in alive(set(seen)):
             psutil.Process(pid).kill()

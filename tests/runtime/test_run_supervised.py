@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.runtime.processes import alive
+
 PY = sys.executable
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -20,17 +22,6 @@ REPO = HERE.parent.parent
 def _program(mode: str, log_dir: Path, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([PY, str(HERE / "tree_program.py"), mode, str(log_dir)], text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, **kwargs)
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.add(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 def test_sigterm_during_start_up_stops_the_tree_and_every_descendant(tmp_path):
@@ -49,9 +40,9 @@ def test_sigterm_during_start_up_stops_the_tree_and_every_descendant(tmp_path):
         main.send_signal(signal.SIGTERM)
         assert main.wait(timeout=15) == 128 + signal.SIGTERM.value
         deadline = time.monotonic() + 5
-        while _alive(seen) and time.monotonic() < deadline:
+        while alive(seen) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(seen)
+        assert not alive(seen)
         assert "received SIGTERM during start-up" in main.stderr.read()
     finally:
         main.kill()

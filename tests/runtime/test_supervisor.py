@@ -15,6 +15,7 @@ from slime_async.actor import ActorFailed, spawn
 from slime_async.process import ProcessChild, ProcessSpec, ReadinessTimeout, http_ready
 from slime_async.runtime import run
 from slime_async.supervisor import ChildSpec, Restart, Strategy, Supervisor, SupervisorGaveUp
+from tests.runtime.processes import alive
 
 PY = sys.executable
 HERE = Path(__file__).parent
@@ -188,17 +189,6 @@ def _descendants(pid):
     return {p.pid for p in psutil.Process(pid).children(recursive=True)}
 
 
-def _alive(pids):
-    alive = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.add(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_main_process_leaves_no_descendant(tmp_path, sig):
     main = subprocess.Popen([PY, str(HERE / "tree_program.py"), "tree", str(tmp_path)], stdout=subprocess.PIPE,
@@ -214,8 +204,8 @@ def test_a_signal_to_the_main_process_leaves_no_descendant(tmp_path, sig):
         main.send_signal(sig)
         assert main.wait(timeout=30) == 128 + sig.value
         deadline = time.monotonic() + 5
-        while _alive(descendants) and time.monotonic() < deadline:
+        while alive(descendants) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(descendants)
+        assert not alive(descendants)
     finally:
         main.kill()
