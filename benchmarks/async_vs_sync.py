@@ -27,14 +27,14 @@ def prepare(work: Path, model: str | None) -> tuple[str, Path]:
                    check=True, capture_output=True)
     if model is None:
         model = str(work / "model")
-        subprocess.run([sys.executable, "-m", "slime_async.cli", "init-tiny-model", "--out", model, "--seed", "0"],
+        subprocess.run([sys.executable, "-m", "actors.loop.cli", "init-tiny-model", "--out", model, "--seed", "0"],
                        check=True, capture_output=True)
     return model, data
 
 
 def run_mode(mode: str, model: str, data: Path, work: Path, steps: int) -> dict[str, float]:
     run_dir = work / mode
-    argv = [sys.executable, "-m", "slime_async.cli", "train", "--hf-checkpoint", model,
+    argv = [sys.executable, "-m", "actors.loop.cli", "train", "--hf-checkpoint", model,
             "--prompt-data", str(data / "train.jsonl"), "--eval-prompt-data", str(data / "heldout.jsonl"),
             "--run-dir", str(run_dir), "--train-mode", mode, "--num-rollout", str(steps),
             "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",

@@ -185,7 +185,7 @@ def child_env(cores: list[int] | None) -> dict[str, str]:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "slime_async.cli", *args]
+    return [sys.executable, "-m", "actors.loop.cli", *args]
 
 
 def _check(argv: list[str], log: Path, env: dict[str, str]) -> None:

@@ -16,7 +16,7 @@ from policies.loss_spec import LossSpec
 from policies.value_loss import explained_variance, masked_mean
 from slime_async.actor import ActorRef
 from slime_async.batch import Batch, batch_from_samples
-from slime_async.config.run import RunConfig
+from actors.loop.run_config import RunConfig
 from slime_async.sample import Sample
 
 

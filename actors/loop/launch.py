@@ -23,7 +23,7 @@ from actors.engine.fleet import build_fleet
 from actors.loop.batching import needs_reference
 from actors.loop.checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
 from actors.loop.critic import uses_critic
-from actors.loop.run import Handles, RunProgress, train_loop
+from actors.loop.train_loop import Handles, RunProgress, train_loop
 from actors.loop.replay import replay_loop
 from actors.loop.sft import sft_loop
 from actors.loop.weight_sync import WeightSync
@@ -36,7 +36,7 @@ from actors.trainer.actor import TrainerActor
 from slime_async.actor import spawn
 from slime_async.compat.slime.args import flatten_config
 from slime_async.config.loader import dump_config, print_config
-from slime_async.config.run import RunConfig
+from actors.loop.run_config import RunConfig
 from slime_async.runtime import EXIT_FAILURE, run, run_supervised
 from slime_async.supervisor import ChildSpec, Supervisor
 

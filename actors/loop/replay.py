@@ -11,7 +11,7 @@ import time
 from actors.loop.batching import advantage_logprobs, build_train_batch
 from actors.loop.debug_dump import load_groups
 from slime_async.actor import ActorRef
-from slime_async.config.run import RunConfig
+from actors.loop.run_config import RunConfig
 
 
 async def replay_loop(config: RunConfig, *, trainer: ActorRef, monitor: ActorRef) -> int:

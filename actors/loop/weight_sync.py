@@ -153,7 +153,22 @@ class WeightSync:
         self._prune(version)
 
     async def _via_broadcast(self, clients: list[EngineClient], version: int, group_name: str | None = None) -> None:
-        rank_offsets, world_size = await self._layout(clients)
+        infos = await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients), return_exceptions=True)
+        for client, info in zip(clients, infos):
+            if isinstance(info, BaseException) and not _lost_connection(info):
+                raise info
+        gone = [c.url for c, info in zip(clients, infos) if isinstance(info, BaseException)]
+        if gone:
+            # Killed between the router's last health check and this sync (an owned one may be
+            # restarting): the broadcast goes to the others, and resume() keeps these out as stale
+            # until the watcher updates each.
+            log.error("weight sync v%d: engine(s) %s do not answer; each is updated when it answers again",
+                      version, ", ".join(gone))
+            clients = [c for c, info in zip(clients, infos) if not isinstance(info, BaseException)]
+            infos = [info for info in infos if not isinstance(info, BaseException)]
+            if not clients:
+                return
+        rank_offsets, world_size = broadcast_layout([c.url for c in clients], infos)
         spec = WeightGroupSpec(master_address="127.0.0.1", master_port=free_port(), world_size=world_size,
                                group_name=group_name or f"weights-v{version}", backend="gloo" if not _cuda() else "nccl")
         try:

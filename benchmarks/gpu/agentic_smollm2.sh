@@ -32,7 +32,7 @@ ABLATION_CPUS=10-15       # 3 configurations at once, 2 cores each
 gpu_train() {  # gpu_train NAME CONFIG SECONDS FLAGS...: a foreground run; SIGINT ends it at SECONDS
   local name=$1 config=$2 seconds=$3
   shift 3
-  CUDA_VISIBLE_DEVICES=0 timeout -s INT "$seconds" taskset -c $GPU_CPUS python3 -m slime_async.cli train \
+  CUDA_VISIBLE_DEVICES=0 timeout -s INT "$seconds" taskset -c $GPU_CPUS python3 -m actors.loop.cli train \
     --config "$config" --run-dir $WORK/$name --no-progress-bar "$@" > $WORK/$name.log 2>&1
   elapsed "$name exit $?"
   cp "$WORK/$name/metrics.jsonl" "$OUT/agentic_${name}_metrics.jsonl" 2>/dev/null
@@ -65,7 +65,7 @@ run)
   # The CPU runs: each example's run.sh without its venv set-up (this host is offline; its
   # python3 has everything), with `python` and `slime-async` on PATH.
   mkdir -p .venv/bin && ln -sf "$(command -v python3)" .venv/bin/python
-  printf '#!/bin/sh\nexec python3 -m slime_async.cli "$@"\n' > .venv/bin/slime-async && chmod +x .venv/bin/slime-async
+  printf '#!/bin/sh\nexec python3 -m actors.loop.cli "$@"\n' > .venv/bin/slime-async && chmod +x .venv/bin/slime-async
   for spec in $CPU_RUNS; do
     name=${spec%%:*} cores=${spec##*:}
     sed '/setup-venv/d' examples/agentic/$name/run.sh > examples/agentic/$name/.run_device.sh

@@ -72,7 +72,7 @@ rl)  # after stage-b1 (carry .gpu-wheels/b2): the whole loop on GPU, see rl_sync
 hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, \
 max_position_embeddings=4096, tie_word_embeddings=True)" 2>&1 | tail -1
   python3 examples/quickstart/make_task.py --out /tmp/rl/data | tail -1
-  timeout ${RL_S:-500} python3 -m slime_async.cli train --config benchmarks/gpu/rl_sync_sglang.toml > "$OUT/rl.log" 2>&1
+  timeout ${RL_S:-500} python3 -m actors.loop.cli train --config benchmarks/gpu/rl_sync_sglang.toml > "$OUT/rl.log" 2>&1
   elapsed "rl exit $?"
   cp /tmp/rl/run/metrics.jsonl "$OUT/rl_metrics.jsonl" 2>/dev/null
   python3 - "$OUT/rl_metrics.jsonl" <<'PY'

@@ -24,7 +24,7 @@ WORK=/tmp/smollm2
 URL=http://127.0.0.1:30000
 
 train() {  # train($1 = run name, $2 = seconds) in the foreground; SIGINT ends it (exit code 130)
-  CUDA_VISIBLE_DEVICES=0 timeout -s INT "$2" python3 -m slime_async.cli train --config examples/smollm2_math/gpu.toml \
+  CUDA_VISIBLE_DEVICES=0 timeout -s INT "$2" python3 -m actors.loop.cli train --config examples/smollm2_math/gpu.toml \
     --run-dir $WORK/$1 --prompt-data $WORK/data/train.jsonl --eval-prompt-data $WORK/data/heldout.jsonl \
     --hf-checkpoint $WORK/model --rollout-external-engine-addrs $URL ${EXTRA:-} > $WORK/$1.log 2>&1
   elapsed "$1 exit $?"

@@ -70,7 +70,7 @@ levels() {
     --max-new-tokens 128 2>/dev/null | tee "$ROOT/gpu_levels_$1.txt"
 }
 levels start
-"$PYTHON" -m slime_async.cli train --config examples/smollm2_math/gpu.toml \
+"$PYTHON" -m actors.loop.cli train --config examples/smollm2_math/gpu.toml \
   --rollout-external-engine-addrs "$URL" "$@"
 levels end
 "$PYTHON" examples/smollm2_math/report.py "$RUN/metrics.jsonl"

@@ -15,6 +15,7 @@ import re
 import sys
 import tomllib
 import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,10 @@ class Schema:
     root: type  # a dataclass whose fields are the sections
     megatron_section: str | None = None  # section with a ``megatron: dict`` field
     sglang_section: str | None = None  # section with a ``sglang: dict`` field
+    # Called when the megatron flags are built: more dataclasses whose fields are megatron flags.
+    megatron_extra: Callable[[], tuple[type, ...]] = tuple
+    # SGLang fields the runtime sets itself -> the flag to use instead (rejected as pass-through).
+    sglang_owned: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def sections(self) -> dict[str, type]:
         hints = typing.get_type_hints(self.root)
@@ -98,7 +103,7 @@ def build_parser(schema: Schema, prog: str, description: str = "") -> tuple[argp
         add_flags(group, [f for f in flags if f.section == section])
     if schema.megatron_section is not None:
         own = {f.field for f in flags}
-        mflags = [f for f in megatron_flags() if f.field not in own]
+        mflags = [f for f in megatron_flags(schema.megatron_extra()) if f.field not in own]
         for group_name in MEGATRON_GROUPS:
             title = _MEGATRON_GROUP_TITLES.get(group_name, f"megatron-core {group_name} (pass-through)")
             group = parser.add_argument_group(title)
@@ -138,7 +143,7 @@ def load_config(schema: Schema, argv: list[str], prog: str = "slime-async", desc
         section, field = dest.split(".", 1)
         flag = by_field[field]
         values.setdefault(section, {})[field] = convert_value(flag.ftype, raw, flag.flag)
-    sglang.update(resolve_sglang_args(sglang_items))
+    sglang.update(resolve_sglang_args(sglang_items, owned=schema.sglang_owned))
     if "megatron" in values:
         megatron = values.pop("megatron")
         if megatron:
@@ -174,9 +179,11 @@ def _read_file(path: Path, schema: Schema, by_field: dict[str, FieldFlag]) -> tu
     for key, value in data.items():
         where = f"{path}: {key}"
         if key == "sglang" and schema.sglang_section is not None:
-            sglang.update(resolve_sglang_args(list(_as_table(value, where).items()), where=str(path)))
+            sglang.update(resolve_sglang_args(list(_as_table(value, where).items()), owned=schema.sglang_owned,
+                                              where=str(path)))
         elif key == "megatron" and schema.megatron_section is not None:
-            values.setdefault("megatron", {}).update(resolve_megatron_values(_as_table(value, where), where=where))
+            values.setdefault("megatron", {}).update(resolve_megatron_values(
+                _as_table(value, where), extra=schema.megatron_extra(), where=where))
         elif key in sections:
             for field, item in _as_table(value, where).items():
                 values.setdefault(key, {})[field] = _file_value(schema, key, field, item, path, by_field)

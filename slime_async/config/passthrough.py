@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
+from collections.abc import Mapping
 from typing import Any
 
-from actors.engine.sglang import RUNTIME_OWNED_SGLANG_FIELDS
 from slime_async.config.flags import ConfigError, FieldFlag, convert_value, dataclass_flags, flag_type, suggest
 
 SGLANG_PREFIX = "--sglang-"
@@ -23,21 +23,16 @@ SGLANG_PREFIX = "--sglang-"
 
 
 @functools.cache
-def megatron_flags() -> tuple[FieldFlag, ...]:
-    """One flag per field of the three megatron-core configs, of the trainer's LR schedule (the
-    Megatron-LM flags `--lr-decay-style`, `--lr-warmup-iters`...) and of Megatron-LM's model flags
-    (`--swiglu`, `--rotary-base`..., checked against the HF config); a name shared by two, such as
-    ``bf16``, is one flag that sets both."""
+def megatron_flags(extra: tuple[type, ...] = ()) -> tuple[FieldFlag, ...]:
+    """One flag per field of the three megatron-core configs and of ``extra`` dataclasses (the
+    trainer's LR schedule and Megatron-LM model flags, which the composition root names); a name
+    shared by two, such as ``bf16``, is one flag that sets both."""
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer import TransformerConfig
 
-    from actors.trainer.model_flags import MegatronLMModelFlags
-    from actors.trainer.optimizer import ScheduleConfig
-
     flags: dict[str, FieldFlag] = {}
-    for cls in (TransformerConfig, OptimizerConfig, DistributedDataParallelConfig, ScheduleConfig,
-                MegatronLMModelFlags):
+    for cls in (TransformerConfig, OptimizerConfig, DistributedDataParallelConfig, *extra):
         for flag in dataclass_flags("megatron", cls):
             flags.setdefault(flag.field, dataclasses.replace(flag, help=f"[{cls.__name__}] {flag.help}".strip()))
     return tuple(flags.values())
@@ -77,8 +72,10 @@ def _sglang_server_args() -> dict[str, Any] | None:
     return {f.name: hints.get(f.name) for f in dataclasses.fields(ServerArgs)}
 
 
-def resolve_sglang_args(items: list[tuple[str, list[str] | Any]], *, where: str = "command line") -> dict[str, Any]:
-    """Turn ``--sglang-*`` items into a ``{field: value}`` dict, rejecting runtime-owned fields.
+def resolve_sglang_args(items: list[tuple[str, list[str] | Any]], *, owned: Mapping[str, str] | None = None,
+                        where: str = "command line") -> dict[str, Any]:
+    """Turn ``--sglang-*`` items into a ``{field: value}`` dict, rejecting runtime-owned fields
+    (``owned``: field -> the flag that sets it instead).
 
     Values are kept as given (text) unless sglang is importable, in which case the name must be a
     ``ServerArgs`` field and the value is converted to its type. ``True`` means a bare switch.
@@ -87,11 +84,8 @@ def resolve_sglang_args(items: list[tuple[str, list[str] | Any]], *, where: str 
     resolved: dict[str, Any] = {}
     for field, values in items:
         flag = SGLANG_PREFIX + field.replace("_", "-")
-        if field in RUNTIME_OWNED_SGLANG_FIELDS:
-            raise ConfigError(
-                f"{flag} ({where}) is set by the runtime, not passed through: use "
-                f"{RUNTIME_OWNED_SGLANG_FIELDS[field]}"
-            )
+        if owned and field in owned:
+            raise ConfigError(f"{flag} ({where}) is set by the runtime, not passed through: use {owned[field]}")
         if isinstance(values, list):
             value: Any = True if not values else values[0] if len(values) == 1 else values
         else:
@@ -107,9 +101,9 @@ def resolve_sglang_args(items: list[tuple[str, list[str] | Any]], *, where: str 
     return resolved
 
 
-def resolve_megatron_values(values: dict[str, Any], *, where: str) -> dict[str, Any]:
+def resolve_megatron_values(values: dict[str, Any], *, extra: tuple[type, ...] = (), where: str) -> dict[str, Any]:
     """Check names and convert types of megatron values given in a config file."""
-    flags = {flag.field: flag for flag in megatron_flags()}
+    flags = {flag.field: flag for flag in megatron_flags(extra)}
     resolved = {}
     for field, value in values.items():
         if field not in flags:

@@ -138,7 +138,7 @@ def launch(tmp_path) -> Iterator[Callable[..., ChaosRun]]:
         run_dir = tmp_path / name
         log_path = tmp_path / f"{name}.log"
         pythonpath = os.pathsep.join([str(tmp_path), *map(str, import_dirs), os.environ.get("PYTHONPATH", "")])
-        command = [sys.executable, "-m", "slime_async.cli", "train", "--run-dir", str(run_dir),
+        command = [sys.executable, "-m", "actors.loop.cli", "train", "--run-dir", str(run_dir),
                    "--no-progress-bar", *argv]
         with open(log_path, "wb") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,

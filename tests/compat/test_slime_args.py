@@ -11,7 +11,7 @@ from actors.rollout.slime_plugins import SlimePlugins
 from slime_async.compat.slime.args import SlimeArgs, flatten_config
 from slime_async.compat.slime.rollout.sglang_rollout import GenerateState, get_model_url
 from slime_async.compat.slime.rollout.rm_hub import async_rm
-from slime_async.config.run import parse_run_config
+from actors.loop.run_config import parse_run_config
 from slime_async.sample import Sample
 
 

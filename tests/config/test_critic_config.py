@@ -9,7 +9,7 @@ import pytest
 from actors.critic.config import CriticConfig, critic_trainer_config
 from actors.trainer.config import TrainerConfig
 from slime_async.config.flags import ConfigError
-from slime_async.config.run import parse_run_config
+from actors.loop.run_config import parse_run_config
 
 REQUIRED = ["--prompt-data", "p.jsonl", "--hf-checkpoint", "model/", "--rollout-batch-size", "2",
             "--n-samples-per-prompt", "2"]
@@ -59,7 +59,7 @@ def test_the_critic_group_gets_its_own_learning_rate_and_no_reference():
 
 
 def test_the_cli_prints_one_line_without_a_traceback():
-    result = subprocess.run([sys.executable, "-m", "slime_async.cli", "train", *REQUIRED, "--critic-lr", "1e-5"],
+    result = subprocess.run([sys.executable, "-m", "actors.loop.cli", "train", *REQUIRED, "--critic-lr", "1e-5"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr

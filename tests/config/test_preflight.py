@@ -18,7 +18,7 @@ import pytest
 
 from slime_async.config.flags import ConfigError
 from slime_async.config.loader import preflight
-from slime_async.config.run import parse_run_config
+from actors.loop.run_config import parse_run_config
 from slime_async.tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def test_slime_async_train_exits_2_with_one_line_before_starting_anything(files,
     run_dir = files["root"] / f"run-{flag.strip('-')}"
     argv = base(files) + [arg.format(root=files["root"]) for arg in extra] + ["--run-dir", str(run_dir)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(files["root"]), str(REPO)])}
-    result = subprocess.run([sys.executable, "-m", "slime_async.cli", "train", *argv], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "actors.loop.cli", "train", *argv], capture_output=True, text=True,
                             timeout=120, env=env, cwd=files["root"])
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()

@@ -8,7 +8,7 @@ import yaml
 
 from slime_async.config.flags import ConfigError
 from slime_async.config.loader import config_to_dict, dump_config
-from slime_async.config.run import parse_run_config
+from actors.loop.run_config import parse_run_config
 
 REQUIRED = ["--prompt-data", "p.jsonl", "--hf-checkpoint", "model/"]
 
@@ -145,7 +145,7 @@ def test_the_resolved_config_round_trips_through_config_yaml(tmp_path):
 
 
 def _help(*args):
-    return subprocess.run([sys.executable, "-m", "slime_async.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "actors.loop.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_top_level_help_lists_commands_and_groups():

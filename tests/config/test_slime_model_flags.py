@@ -9,7 +9,7 @@ from transformers import Qwen2Config, Qwen3Config
 
 from actors.trainer.optimizer import split_megatron_overrides
 from slime_async.config.flags import ConfigError
-from slime_async.config.run import parse_run_config
+from actors.loop.run_config import parse_run_config
 
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024, rms_norm_eps=1e-6,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from slime_async.config.flags import ConfigError
-from slime_async.config.run import parse_run_config
+from actors.loop.run_config import parse_run_config
 
 REQUIRED = ["--prompt-data", "p.jsonl", "--hf-checkpoint", "model/"]
 

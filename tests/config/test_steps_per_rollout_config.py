@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from slime_async.config.flags import ConfigError
-from slime_async.config.run import parse_run_config
+from actors.loop.run_config import parse_run_config
 
 # 4 prompts × 4 samples = 16 samples per rollout
 REQUIRED = ["--prompt-data", "p.jsonl", "--hf-checkpoint", "model/", "--rollout-batch-size", "4",
@@ -46,7 +46,7 @@ def test_data_parallel_ranks_discount_tensor_parallelism():
 
 
 def test_the_cli_prints_one_line_without_a_traceback():
-    result = subprocess.run([sys.executable, "-m", "slime_async.cli", "train", *REQUIRED, "--global-batch-size", "6"],
+    result = subprocess.run([sys.executable, "-m", "actors.loop.cli", "train", *REQUIRED, "--global-batch-size", "6"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr

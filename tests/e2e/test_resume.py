@@ -48,7 +48,7 @@ async def long_generate(ctx, sample, sampling_params):
 
 def train_argv(root: Path, model: Path, data: Path, name: str, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "slime_async.cli", "train",
+        sys.executable, "-m", "actors.loop.cli", "train",
         "--hf-checkpoint", str(model), "--prompt-data", str(data), "--run-dir", str(root / name),
         "--train-mode", "fully-async", "--buffer-capacity", "4",
         "--rollout-batch-size", str(GROUPS_PER_STEP), "--n-samples-per-prompt", "2",

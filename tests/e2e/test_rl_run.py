@@ -96,7 +96,7 @@ def test_a_raising_reward_function_and_a_bad_row_are_counted_not_fatal(run):
 
 def test_debug_train_only_replays_the_dumped_rollouts_without_engines(run):
     run_dir = run["root"] / "replay"
-    argv = [sys.executable, "-m", "slime_async.cli", "train", "--debug-train-only",
+    argv = [sys.executable, "-m", "actors.loop.cli", "train", "--debug-train-only",
             "--load-debug-rollout-data", str(run["dump"]), "--hf-checkpoint", str(run["model"]),
             "--run-dir", str(run_dir), "--micro-batch-size", "4", "--lr", "1e-4", "--use-tis", "--no-progress-bar",
             # REINFORCE++'s per-token KL reward penalty needs the reference model's logprobs.
@@ -117,7 +117,7 @@ def sync_broadcast_run(tmp_path_factory):
     data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "label": str(a + 1)}) + "\n" for a in range(16)))
     run_dir = root / "run"
     argv = [
-        sys.executable, "-m", "slime_async.cli", "train",
+        sys.executable, "-m", "actors.loop.cli", "train",
         "--hf-checkpoint", str(model), "--prompt-data", str(data), "--run-dir", str(run_dir),
         "--train-mode", "sync", "--update-weight-transport", "distributed",
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "3",

@@ -51,7 +51,7 @@ def _descendants(pid: int) -> dict[int, str]:
 @pytest.mark.parametrize("moment", ["one second after launch", "while the trainer ranks start"])
 def test_sigterm_stops_the_run_and_every_descendant(inputs, moment, tmp_path):
     root, model, data = inputs
-    command = [sys.executable, "-m", "slime_async.cli", "train", "--run-dir", str(tmp_path / "run"),
+    command = [sys.executable, "-m", "actors.loop.cli", "train", "--run-dir", str(tmp_path / "run"),
                "--no-progress-bar", "--hf-checkpoint", str(model), "--prompt-data", str(data),
                "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "2",
                "--rollout-max-response-len", "8", "--rm-type", "exact", "--engine-type", "cpu",

@@ -15,7 +15,7 @@ def train(root: Path, argv: list[str], *, import_dirs: tuple[Path, ...] = (), ti
     ``root`` (hook modules importable from ``import_dirs``) and fail the test with the tail of its
     stderr if it fails. Returns metrics.jsonl's rows, the dumped training samples and stderr."""
     run_dir, dump = root / "run", root / "dump"
-    command = [sys.executable, "-m", "slime_async.cli", "train", "--run-dir", str(run_dir),
+    command = [sys.executable, "-m", "actors.loop.cli", "train", "--run-dir", str(run_dir),
                "--save-debug-rollout-data", str(dump), "--no-progress-bar", *argv]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, import_dirs), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)

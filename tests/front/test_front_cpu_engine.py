@@ -123,7 +123,7 @@ def _stop_completing_mid_answer(ids, decode):
 
 def test_the_standalone_router_command_serves_the_openai_client(cpu_engine, chat_model_dir):
     process = subprocess.Popen(
-        [sys.executable, "-m", "slime_async.cli", "router", "--engine-url", cpu_engine,
+        [sys.executable, "-m", "actors.loop.cli", "router", "--engine-url", cpu_engine,
          "--model-path", str(chat_model_dir), "--port", "0", "--api-key", "k"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

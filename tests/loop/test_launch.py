@@ -2,10 +2,10 @@
 
 from actors.engine.config import EngineConfig
 from actors.loop.launch import _router_config, _trainer_config, should_restart
-from actors.loop.run import RunProgress
+from actors.loop.train_loop import RunProgress
 from actors.router.config import RouterConfig
 from policies.loss_spec import LossSpec
-from slime_async.config.run import RunConfig
+from actors.loop.run_config import RunConfig
 from slime_async.config.sections import CheckpointConfig
 from slime_async.runtime import EXIT_FAILURE
 

@@ -2,7 +2,9 @@
 
 import pytest
 
-from actors.loop.weight_sync import WeightSyncError, broadcast_layout
+from actors.loop.weight_sync import WeightSync, WeightSyncError, broadcast_layout
+from slime_async.actor import Actor, spawn
+from slime_async.net import free_port
 
 
 def test_each_engine_takes_as_many_ranks_as_it_has_tp_workers():
@@ -18,3 +20,47 @@ def test_an_engine_that_does_not_report_its_tp_size_takes_one_rank():
 def test_an_engine_with_dp_or_pp_is_refused_naming_it_and_the_way_out(field):
     with pytest.raises(WeightSyncError, match=rf"engine http://e1 runs with {field}=2: .*--update-weight-transport disk"):
         broadcast_layout(["http://e0", "http://e1"], [{"tp_size": 1}, {"tp_size": 1, field: 2}])
+
+
+class _Router(Actor):
+    """The router's side of a sync: one engine it last saw healthy, and the resume it is told."""
+
+    def __init__(self, url: str):
+        super().__init__("router")
+        self.url = url
+        self.resumed: list[str] = []
+
+    async def pause(self, mode: str) -> None:
+        pass
+
+    async def engines(self) -> list[dict]:
+        return [{"url": self.url, "health": "up", "paused": True}]
+
+    async def resume(self, version: str) -> dict[str, str]:
+        self.resumed.append(version)
+        return {self.url: "stale"}
+
+
+class _Trainer(Actor):
+    """A trainer that must not be asked: nobody is there to receive the weights."""
+
+    def __init__(self):
+        super().__init__("trainer")
+        self.asked = 0
+
+    async def init_weight_group(self, *args, **kwargs) -> None:
+        self.asked += 1
+
+
+async def test_a_distributed_sync_whose_only_engine_died_since_the_last_health_check_goes_on(tmp_path):
+    # Killed between the router's health check and the sync (the chaos run's kill -9 lands there
+    # at times): the sync logs it and resumes, the router keeps the engine out as stale, and the
+    # watcher updates it once its restart answers. It used to end the run with EngineUnreachable.
+    router, trainer = await spawn(_Router(f"http://127.0.0.1:{free_port()}")), await spawn(_Trainer())
+    sync = WeightSync(trainer=trainer, router=router, transport="distributed", mode="abort", weights_dir=tmp_path)
+    try:
+        await sync(3)
+    finally:
+        await router.stop()
+        await trainer.stop()
+    assert router.actor.resumed == ["3"] and trainer.actor.asked == 0

@@ -152,7 +152,7 @@ API_KEY = "test-key"
 
 def start_server(uid_base: int, api_key: str | None = API_KEY) -> SandboxServer:
     env = {**os.environ, "SANDBOX_TEST_SECRET": SECRET}
-    argv = [sys.executable, "-m", "slime_async.cli", "sandbox-server", "--host", "127.0.0.1", "--port", "0",
+    argv = [sys.executable, "-m", "actors.loop.cli", "sandbox-server", "--host", "127.0.0.1", "--port", "0",
             "--max-concurrency", str(SLOTS), "--uid-base", str(uid_base), "--timeout-s", "10",
             "--max-timeout-s", "30", "--processes", "16", "--memory-bytes", str(512 << 20),
             "--output-bytes", str(64 << 10), "--log-level", "warning"]

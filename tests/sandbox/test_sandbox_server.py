@@ -93,7 +93,7 @@ async def test_a_bad_request_is_400_naming_the_field(server, body, field):
     (["--hidden-paths", "/no/such/dir"], "hidden_paths"),
 ])
 def test_a_bad_flag_fails_at_start_with_one_line(flags, message):
-    done = subprocess.run([sys.executable, "-m", "slime_async.cli", "sandbox-server", *flags],
+    done = subprocess.run([sys.executable, "-m", "actors.loop.cli", "sandbox-server", *flags],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.startswith("slime-async sandbox-server: error: ") and message in done.stderr

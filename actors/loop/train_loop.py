@@ -19,7 +19,7 @@ from actors.loop.critic import critic_values, train_critic, trains_policy, uses_
 from actors.loop.debug_dump import dump_groups
 from actors.loop.weight_sync import WeightSync
 from slime_async.actor import ActorRef
-from slime_async.config.run import RunConfig
+from actors.loop.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import torch
 from actors.buffer import BufferConfig
 from actors.critic.config import CriticConfig, check_run as check_critic_run
 from actors.engine.config import EngineConfig
+from actors.engine.sglang import RUNTIME_OWNED_SGLANG_FIELDS
 from actors.loop.config import LoopConfig
 from actors.monitor import MonitorConfig
 from actors.rollout.config import RolloutConfig
@@ -87,7 +88,15 @@ class RunConfig:
         return {"sync": 0, "one-step-off": 1}.get(self.train.train_mode, self.buffer.max_staleness)
 
 
-SCHEMA = Schema(RunConfig, megatron_section="trainer", sglang_section="engine")
+def _megatron_extra() -> tuple[type, ...]:
+    from actors.trainer.model_flags import MegatronLMModelFlags
+    from actors.trainer.optimizer import ScheduleConfig
+
+    return ScheduleConfig, MegatronLMModelFlags
+
+
+SCHEMA = Schema(RunConfig, megatron_section="trainer", sglang_section="engine", megatron_extra=_megatron_extra,
+                sglang_owned=RUNTIME_OWNED_SGLANG_FIELDS)
 
 
 def parse_run_config(argv: list[str]) -> RunConfig:

@@ -50,7 +50,7 @@ def _train(argv: list[str]) -> int:
     # which do use the fallbacks, still say so in their own log. Here it buried the one error line.
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
     from slime_async.config.loader import preflight
-    from slime_async.config.run import parse_run_config
+    from actors.loop.run_config import parse_run_config
     from actors.loop.launch import run_train
 
     try:
