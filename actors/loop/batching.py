@@ -73,9 +73,6 @@ def build_train_batch(
     else:
         advantages = compute_advantages(spec.advantage_estimator, rewards, group_ids, loss_mask, kl=kl,
                                         kl_coef=spec.kl_coef, gamma=spec.gamma, normalize=spec.normalize_advantages)
-    masks = [[int(m) for m in loss_mask[i, : s.response_length].tolist()] for i, s in enumerate(samples)]
-    for sample, mask in zip(samples, masks):
-        sample.loss_mask = mask
     batch = batch_from_samples(
         samples,
         advantages=[advantages[i, : s.response_length].tolist() for i, s in enumerate(samples)],
@@ -83,11 +80,14 @@ def build_train_batch(
         old_logprobs=old_logprobs,
         temperature=temperature,
     )
+    # The off-policy mask goes into the batch only: the samples stay as generated (a rollout dump
+    # written after this holds what the engines returned; --debug-train-only recomputes the mask).
+    batch.loss_masks = [[int(m) for m in loss_mask[i, : s.response_length].tolist()] for i, s in enumerate(samples)]
     if returns is not None:
         batch.values = [list(map(float, row)) for row in values]
         batch.returns = [returns[i, : s.response_length].tolist() for i, s in enumerate(samples)]
-        batch.check()
-    return batch, staleness_metrics(samples, train_version) | trajectory_metrics(samples)
+    batch.check()
+    return batch, staleness_metrics(samples, train_version, batch.loss_masks) | trajectory_metrics(samples)
 
 
 def needs_reference(spec: LossSpec) -> bool:
@@ -129,21 +129,27 @@ def trajectory_metrics(samples: Sequence[Sample]) -> dict[str, float]:
     return {"rollout/trajectory_splits": float(sum(s.metadata.get("trajectory_part", 0) > 0 for s in captured))}
 
 
-def staleness_metrics(samples: Sequence[Sample], train_version: int) -> dict[str, float]:
-    values = [staleness(train_version, v) for v in (s.oldest_version() for s in samples) if v is not None]
+def staleness_metrics(samples: Sequence[Sample], train_version: int,
+                      loss_masks: Sequence[Sequence[int]]) -> dict[str, float]:
+    """``rollout/staleness_*`` of each sample's oldest trained token and the fraction of trained
+    tokens generated before ``train_version``; trained = ``loss_masks`` (the batch's, after the
+    off-policy mask)."""
+    oldest = (min((v for v, m in zip(s.token_versions, mask) if m), default=None)
+              for s, mask in zip(samples, loss_masks))
+    values = [staleness(train_version, v) for v in oldest if v is not None]
     if not values:
         return {}
     return {
         "rollout/staleness_mean": sum(values) / len(values),
         "rollout/staleness_max": float(max(values)),
-        "rollout/offpolicy_token_frac": _offpolicy_fraction(samples, train_version),
+        "rollout/offpolicy_token_frac": _offpolicy_fraction(samples, loss_masks, train_version),
     }
 
 
-def _offpolicy_fraction(samples: Sequence[Sample], train_version: int) -> float:
+def _offpolicy_fraction(samples: Sequence[Sample], loss_masks: Sequence[Sequence[int]], train_version: int) -> float:
     total = stale = 0
-    for sample in samples:
-        for version, mask in zip(sample.token_versions, sample.loss_mask):
+    for sample, loss_mask in zip(samples, loss_masks):
+        for version, mask in zip(sample.token_versions, loss_mask):
             if mask:
                 total += 1
                 stale += version < train_version
