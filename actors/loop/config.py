@@ -9,6 +9,9 @@ from slime_async.config.flags import field_help as _help
 from slime_async.config.paths import require_dir
 
 TrainMode = Literal["sync", "one-step-off", "fully-async"]
+# The weight sync's choices (actors/loop/weight_sync.py); the loader admits only these values.
+WeightTransport = Literal["disk", "distributed"]
+WeightUpdateMode = Literal["abort", "pause"]
 
 
 @dataclass
@@ -17,12 +20,13 @@ class LoopConfig:
         "sync: generate, train, sync weights; one-step-off: generate step N+1 while training N; "
         "fully-async: rollout never waits for training, bounded by --max-staleness"))
     update_weights_interval: int = field(default=1, metadata=_help("sync weights to engines every N training steps"))
-    update_weight_transport: Literal["disk", "distributed"] = field(default="disk", metadata=_help(
+    update_weight_transport: WeightTransport = field(default="disk", metadata=_help(
         "disk: the trainer writes an HF checkpoint every engine loads; distributed: trainer rank 0 "
         "broadcasts buckets (gloo to CPU engines, NCCL to GPU engines)"))
-    weight_update_mode: Literal["abort", "pause"] = field(default="abort", metadata=_help(
-        "around a weight update, abort in-flight requests (they resume later from their partial "
-        "tokens) or pause the engines in place"))
+    weight_update_mode: WeightUpdateMode = field(default="abort", metadata=_help(
+        "before a weight update the router stops dispatching, then abort: aborts the requests in "
+        "flight (they resume on the new weights from their partial tokens); pause: lets them finish "
+        "on the old weights (a drain)"))
     weight_update_timeout: float = field(default=300.0, metadata=_help("seconds an engine may take to load new weights"))
     debug_rollout_only: bool = field(default=False, metadata=_help("generate and score, never train"))
     debug_train_only: bool = field(default=False, metadata=_help("train on rollouts replayed from --load-debug-rollout-data"))

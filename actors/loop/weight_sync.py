@@ -25,13 +25,16 @@ from typing import Any
 
 import aiohttp
 
-from actors.trainer.actor import update_engine_weights
-from actors.trainer.protocol import WeightGroupSpec
+from actors.loop.config import WeightTransport, WeightUpdateMode
+from actors.trainer.protocol import TensorMeta, WeightGroupSpec
 from slime_async.actor import ActorRef
 from slime_async.engine_client import EngineClient, EngineConnectionError
 from slime_async.net import free_port
 
 log = logging.getLogger(__name__)
+
+# --weight-update-mode -> how the router quiesces its engines (RouterActor.pause).
+_ROUTER_PAUSE: dict[WeightUpdateMode, str] = {"abort": "abort", "pause": "drain"}
 
 
 class WeightSyncError(RuntimeError):
@@ -42,8 +45,8 @@ class WeightSyncError(RuntimeError):
 class WeightSync:
     trainer: ActorRef
     router: ActorRef
-    transport: str  # disk | distributed
-    mode: str  # abort | pause
+    transport: WeightTransport
+    mode: WeightUpdateMode
     weights_dir: Path
     api_key: str | None = None
     timeout: float | None = 300.0
@@ -71,8 +74,7 @@ class WeightSync:
     async def _sync(self, version: int) -> float:
         started = time.monotonic()
         # A drain waits for the generations in flight, which the router's per-call timeout bounds.
-        await self.router.ask("pause", "abort" if self.mode == "abort" else "drain",
-                              timeout=self.timeout if self.mode == "abort" else None)
+        await self.router.ask("pause", _ROUTER_PAUSE[self.mode], timeout=self.timeout if self.mode == "abort" else None)
         urls = [engine["url"] for engine in await self.router.ask("engines") if engine["health"] != "down"]
         async with aiohttp.ClientSession() as session:
             clients = [EngineClient(url, session=session, api_key=self.api_key) for url in urls]
@@ -210,6 +212,56 @@ class WeightSync:
                     shutil.rmtree(old, ignore_errors=True)
             except ValueError:
                 continue
+
+
+async def update_engine_weights(
+    trainer: ActorRef,
+    engines: Sequence[Any],
+    spec: WeightGroupSpec,
+    weight_version: str | None = None,
+    timeout: float | None = None,
+    rank_offsets: Sequence[int] | None = None,
+) -> int:
+    """Distributed weight update of ``engines`` (EngineClients) from trainer rank 0.
+
+    ``rank_offsets``: each engine's first rank in the group (default one rank each: 1, 2, ...).
+    Runs the trainer and engine halves of each step concurrently, as the collective needs:
+    group init; then the broadcast while the buckets are POSTed one after another to every
+    engine. The group is destroyed at the end. Returns the number of tensors sent.
+    """
+    offsets = list(rank_offsets) if rank_offsets is not None else [i + 1 for i in range(len(engines))]
+    buckets: list[list[TensorMeta]] = await trainer.ask("weight_metadata", timeout=timeout)
+    await asyncio.gather(
+        trainer.ask("init_weight_group", spec, timeout=timeout),
+        *(
+            engine.init_weights_update_group(
+                spec.master_address, spec.master_port, offset, spec.world_size, spec.group_name, spec.backend
+            )
+            for engine, offset in zip(engines, offsets, strict=True)
+        ),
+    )
+
+    async def post_buckets(engine: Any) -> None:
+        for bucket in buckets:
+            answer = await engine.update_weights_from_distributed(
+                [m.name for m in bucket], [m.dtype for m in bucket], [list(m.shape) for m in bucket],
+                spec.group_name, weight_version,
+            )
+            if isinstance(answer, dict) and not answer.get("success", True):
+                raise RuntimeError(f"engine rejected the weight update: {answer.get('message')}")
+
+    try:
+        results = await asyncio.gather(
+            trainer.ask("broadcast_weights", spec.group_name, timeout=timeout),
+            *(post_buckets(engine) for engine in engines),
+        )
+    finally:
+        await asyncio.gather(
+            trainer.ask("destroy_weight_group", spec.group_name, timeout=timeout),
+            *(engine.destroy_weights_update_group(spec.group_name) for engine in engines),
+            return_exceptions=True,
+        )
+    return int(results[0])
 
 
 async def _answers(client: EngineClient) -> bool:

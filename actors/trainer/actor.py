@@ -31,7 +31,7 @@ import torch
 from actors.trainer import worker
 from actors.trainer.config import TrainerConfig
 from actors.trainer.dp_split import split_across_dp, split_into_global_batches
-from actors.trainer.protocol import RankInfo, SampleLogprobs, TensorMeta, WeightGroupSpec
+from actors.trainer.protocol import RankInfo, SampleLogprobs, WeightGroupSpec
 from policies.loss_spec import LossSpec
 from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
 from slime_async.batch import Batch
@@ -507,52 +507,3 @@ class TrainerActor(Actor):
         values = await results
         return next((v for v in values if v is not None), None)
 
-
-async def update_engine_weights(
-    trainer: ActorRef,
-    engines: Sequence[Any],
-    spec: WeightGroupSpec,
-    weight_version: str | None = None,
-    timeout: float | None = None,
-    rank_offsets: Sequence[int] | None = None,
-) -> int:
-    """Distributed weight update of ``engines`` (EngineClients) from trainer rank 0.
-
-    ``rank_offsets``: each engine's first rank in the group (default one rank each: 1, 2, ...).
-    Runs the trainer and engine halves of each step concurrently, as the collective needs:
-    group init; then the broadcast while the buckets are POSTed one after another to every
-    engine. The group is destroyed at the end. Returns the number of tensors sent.
-    """
-    offsets = list(rank_offsets) if rank_offsets is not None else [i + 1 for i in range(len(engines))]
-    buckets: list[list[TensorMeta]] = await trainer.ask("weight_metadata", timeout=timeout)
-    await asyncio.gather(
-        trainer.ask("init_weight_group", spec, timeout=timeout),
-        *(
-            engine.init_weights_update_group(
-                spec.master_address, spec.master_port, offset, spec.world_size, spec.group_name, spec.backend
-            )
-            for engine, offset in zip(engines, offsets, strict=True)
-        ),
-    )
-
-    async def post_buckets(engine: Any) -> None:
-        for bucket in buckets:
-            answer = await engine.update_weights_from_distributed(
-                [m.name for m in bucket], [m.dtype for m in bucket], [list(m.shape) for m in bucket],
-                spec.group_name, weight_version,
-            )
-            if isinstance(answer, dict) and not answer.get("success", True):
-                raise RuntimeError(f"engine rejected the weight update: {answer.get('message')}")
-
-    try:
-        results = await asyncio.gather(
-            trainer.ask("broadcast_weights", spec.group_name, timeout=timeout),
-            *(post_buckets(engine) for engine in engines),
-        )
-    finally:
-        await asyncio.gather(
-            trainer.ask("destroy_weight_group", spec.group_name, timeout=timeout),
-            *(engine.destroy_weights_update_group(spec.group_name) for engine in engines),
-            return_exceptions=True,
-        )
-    return int(results[0])

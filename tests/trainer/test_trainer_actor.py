@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.trainer.actor import TrainerRankDied, update_engine_weights
+from actors.loop.weight_sync import update_engine_weights
+from actors.trainer.actor import TrainerRankDied
 from actors.trainer.protocol import TrainerOpError, WeightGroupSpec
 from slime_async.actor import ActorFailed
 from slime_async.engine_client import EngineClient
