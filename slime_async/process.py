@@ -70,6 +70,7 @@ def http_ready(url: str, timeout: float = 2.0) -> ReadinessProbe:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False
 
+    probe.url = url  # lets a node agent run the same probe on the child's node (slime_async.cluster)
     return probe
 
 

@@ -45,6 +45,12 @@ def _sandbox_server(argv: list[str]) -> int:
     return main(argv)
 
 
+def _agent(argv: list[str]) -> int:
+    from slime_async.cluster.agent import main
+
+    return main(argv)
+
+
 def _train(argv: list[str]) -> int:
     # Importing megatron-core to generate its flags warns that TE/Apex are absent; the trainer ranks,
     # which do use the fallbacks, still say so in their own log. Here it buried the one error line.
@@ -68,6 +74,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "router": (_router, "serve the router's HTTP front (SGLang /generate, OpenAI API) over running engines"),
     "sandbox-server": (_sandbox_server, "serve a sandbox for model-written code (POST /run) on this machine"),
     "convert": (_convert, "convert checkpoints: hf-to-megatron, megatron-to-hf"),
+    "agent": (_agent, "run process children on this node for a head on another (multi-node runs: --head HOST:PORT)"),
     "init-tiny-model": (_init_tiny_model, "write a random-init tiny HF model and a locally trained tokenizer"),
 }
 
