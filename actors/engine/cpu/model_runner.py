@@ -217,16 +217,25 @@ class ModelRunner:
                         staged[name] = handle.get_tensor(name)
             except Exception as exc:  # safetensors raises its own error types
                 raise WeightUpdateError(f"cannot read {str(file)!r}: {exc}") from exc
-        for name, tensor in staged.items():
-            self._check_tensor(name, tensor.shape, tensor.dtype, exact_dtype=False, source=model_path)
+        return self.stage(staged, f"checkpoint {model_path!r}")
+
+    def stage(self, tensors: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+        """Check a whole state dict against the served model and cast it to its dtype (a new
+        dict; ``tensors`` is left as it is)."""
+        staged: dict[str, torch.Tensor] = {}
+        for name, tensor in tensors.items():
+            self._check_tensor(name, tensor.shape, tensor.dtype, exact_dtype=False, source=source)
             staged[name] = tensor.to(self.dtype)
         missing = [n for n in self._params if n not in staged and not self._is_tied_alias(n, staged)]
         if missing:
             raise WeightUpdateError(
-                f"checkpoint {model_path!r} lacks {len(missing)} parameter(s) of the served model, "
-                f"e.g. {missing[:3]}"
+                f"{source} lacks {len(missing)} parameter(s) of the served model, e.g. {missing[:3]}"
             )
         return staged
+
+    def served(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """The model's current tensors under these names (views, not copies)."""
+        return {name: self._params[name].detach() for name in names}
 
     def check_distributed_spec(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> None:
         """Validate a broadcast announcement (names, dtypes, shapes) before receiving."""

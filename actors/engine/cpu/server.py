@@ -31,6 +31,7 @@ from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
 from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
 from actors.engine.cpu.scheduler import PAUSE_MODES, Request, Scheduler, SchedulerConfig
 from slime_async.net import serve_until_signalled
+from slime_async.weight_delta import receiver as weight_delta
 from slime_async.weight_group import destroy_custom_process_group, init_custom_process_group
 
 logger = logging.getLogger("cpu_engine")
@@ -73,6 +74,9 @@ class EngineServer:
         self._model_update_lock = aiorwlock.RWLock()
         # Held across "is it paused?" and the swap that follows, so a continue cannot slip in.
         self._pause_lock = asyncio.Lock()
+        # Delta weight sync (slime_async/weight_delta): the exported tensors of the version served,
+        # kept apart from the model's (which may be another dtype) as the base of the next delta.
+        self.delta = weight_delta.DeltaReceiver()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -99,6 +103,7 @@ class EngineServer:
                 web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
                 web.post("/destroy_weights_update_group", self.destroy_weights_update_group),
                 web.post("/update_weight_version", self.update_weight_version),
+                *weight_delta.routes(self.delta, self._load_delta),
             ]
         )
         app.on_startup.append(self._on_startup)
@@ -328,6 +333,15 @@ class EngineServer:
             self.model_path = model_path
         message = "Succeeded to update model weights."
         return _json({"success": True, "message": self._versioned(message, body), "num_paused_requests": 0})
+
+    async def _load_delta(self, tensors: dict[str, torch.Tensor], version: str) -> None:
+        """Swap in weights a delta transfer rebuilt (and checked); SGLang's timing, as from disk."""
+        async with self._update_lock:
+            try:
+                staged = await asyncio.to_thread(self.runner.stage, tensors, "weight delta")
+            except WeightUpdateError as exc:
+                raise weight_delta.LoadRejected(f"Failed to update weights: {exc}") from exc
+            await self._swap(staged, {"weight_version": version})
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         try:
