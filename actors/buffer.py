@@ -8,6 +8,9 @@ in three steps per group:
     await buffer.ask("put", group, timeout=None)       # or ask("cancel_reservation") if dropped
 
 and the trainer side takes ``await buffer.ask("get", n_groups, train_version, timeout=None)``.
+When the prompts run out, the rollout tells the buffer ``end_of_data`` after its last group's
+put or cancellation; from then on a ``get`` that the groups left cannot fill is answered None
+at once (the waiting one too), so the trainer side learns of the end without polling.
 
 Admission control (``reserve``) is what keeps fully-async training within ``--max-staleness k``:
 a reservation is granted only while one more group fits the capacity and
@@ -21,8 +24,7 @@ the version by more than one, a checkpoint restored into a newer run.
 Every waiting call is a deferred answer, so the mailbox keeps serving other messages; waiters
 are served FIFO by ``_pump`` after each state change. ``reserve``, ``put`` and ``get`` must be
 asked with ``timeout=None``: the buffer cannot see an asker give up, and a reservation granted
-to an asker that timed out would be held forever (for an abandoned ``get`` there is
-``cancel_gets``).
+to an asker that timed out would be held forever.
 """
 
 from __future__ import annotations
@@ -60,10 +62,6 @@ class BufferConfig:
             raise ValueError(f"--buffer-capacity must be > 0, got {self.buffer_capacity}")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"--max-staleness must be >= 0 or none, got {self.max_staleness}")
-
-
-class GetCancelled(RuntimeError):
-    """Answer to a ``get`` withdrawn by ``cancel_gets``."""
 
 
 _FROM_CONFIG: Any = object()  # sentinel: max_staleness not overridden (None is a real value)
@@ -136,6 +134,7 @@ class BufferActor(Actor):
         self._reserve_waiters: deque[asyncio.Future] = deque()
         self._put_waiters: deque[_PutWaiter] = deque()
         self._get_waiters: deque[_GetWaiter] = deque()
+        self._data_ended = False  # the rollout will put no more groups (end_of_data)
 
     # ----- rollout side -----------------------------------------------------------------------
     def reserve(self) -> Deferred:
@@ -165,10 +164,16 @@ class BufferActor(Actor):
         self._pump()
         return self.defer(_wait(future))
 
+    def end_of_data(self) -> None:
+        """The rollout has run out of prompts and every group it started is put or cancelled."""
+        self._data_ended = True
+        self._pump()
+
     # ----- trainer side -----------------------------------------------------------------------
     def get(self, n_groups: int, train_version: int) -> Deferred:
         """The ``n_groups`` oldest groups still within the bound at ``train_version`` (FIFO),
-        answered once that many are buffered; too-stale groups are dropped and counted."""
+        answered once that many are buffered; too-stale groups are dropped and counted. None
+        once the data has ended (``end_of_data``) and fewer than ``n_groups`` are left."""
         if not 0 < n_groups <= self.capacity:
             raise ValueError(
                 f"get of {n_groups} groups from a buffer of capacity {self.capacity} could never be answered"
@@ -178,20 +183,6 @@ class BufferActor(Actor):
         self._get_waiters.append(_GetWaiter(future, n_groups, train_version))
         self._pump()
         return self.defer(_wait(future))
-
-    def cancel_gets(self) -> int:
-        """Withdraw every waiting ``get`` (they raise GetCancelled); returns how many."""
-        withdrawn = 0
-        while self._get_waiters:
-            waiter = self._get_waiters.popleft()
-            if not waiter.future.done():
-                waiter.future.set_exception(GetCancelled("get withdrawn by cancel_gets"))
-                withdrawn += 1
-        return withdrawn
-
-    def available(self) -> int:
-        """Groups buffered or waiting to enter (what a ``get`` could take without new rollouts)."""
-        return len(self._groups) + len(self._put_waiters)
 
     def set_version(self, version: int) -> None:
         """The policy version after a weight sync: admits more groups, may make some stale."""
@@ -267,7 +258,12 @@ class BufferActor(Actor):
                 self._get_waiters.popleft()
                 continue
             if len(self._groups) < waiter.n_groups:
-                break
+                if not self._never_filled(waiter.n_groups):
+                    break
+                self._get_waiters.popleft()
+                waiter.future.set_result(None)  # no more data: the loop ends instead of waiting forever
+                served = True
+                continue
             self._get_waiters.popleft()
             entries = [self._groups.popleft() for _ in range(waiter.n_groups)]
             self._consumed += len(entries)
@@ -302,6 +298,11 @@ class BufferActor(Actor):
             future.set_result(None)
             served = True
         return served
+
+    def _never_filled(self, n_groups: int) -> bool:
+        """No group will come any more and those buffered or waiting to enter are too few."""
+        more_coming = not self._data_ended or self._reserved > 0
+        return not more_coming and len(self._groups) + len(self._put_waiters) < n_groups
 
     def _pending(self) -> int:
         return self._reserved + len(self._groups) + len(self._put_waiters)

@@ -2,7 +2,8 @@
 
 The same loop serves every mode; the buffer's admission bound sets the pace of generation
 (sync = 0 steps stale, one-step-off = 1, fully-async = --max-staleness), so the rollout side
-never needs to know which mode runs.
+never needs to know which mode runs. Evaluations run beside training in a task group the loop
+owns: one still running at the end is awaited, an error in the loop cancels them.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from actors.loop.checkpoint import RunCheckpointer
 from actors.loop.critic import critic_values, train_critic, trains_policy, uses_critic
 from actors.loop.debug_dump import dump_groups
 from actors.loop.weight_sync import WeightSync
-from slime_async.actor import ActorRef
 from actors.loop.run_config import RunConfig
+from slime_async.actor import ActorRef
+from slime_async.task_group import task_group
 
 log = logging.getLogger(__name__)
 
@@ -53,58 +55,62 @@ class Handles:
 async def train_loop(config: RunConfig, h: Handles) -> int:
     step, version = h.start_step, h.start_version
     spec, rollout_cfg = config.algorithm, config.rollout
-    evaluations: dict[int, asyncio.Task] = {}  # step -> evaluation (concurrent with training)
-    if h.eval_dataset is not None:
-        evaluations[step] = asyncio.ensure_future(_evaluate(h, step))
-    h.rollout.tell("start")
-    while step < h.total_steps:
-        started = time.monotonic()
-        groups = await _next_groups(h, rollout_cfg.rollout_batch_size, version)
-        if groups is None:
-            log.warning("prompt data ran out after %d of %d steps", step, h.total_steps)
-            break
-        temperature = rollout_cfg.rollout_temperature or 1.0
-        ref_logprobs = old_logprobs = None
-        if h.trainer is not None:
-            ref_logprobs, old_logprobs = await advantage_logprobs(h.trainer, groups, spec, temperature)
-        values = await critic_values(h.trainer, groups, temperature) if h.trainer and uses_critic(spec) else None
-        batch, metrics = build_train_batch(
-            groups, spec, train_version=version, temperature=temperature, max_staleness=config.max_staleness,
-            mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout, ref_logprobs=ref_logprobs,
-            old_logprobs=old_logprobs, values=values, lambd=config.critic.lambd)
-        if config.train.save_debug_rollout_data:
-            dump_groups(config.train.save_debug_rollout_data, step + 1, groups)
-        if h.trainer is not None:
-            train_started = time.monotonic()
-            # The policy and the critic (PPO) train at once, each in its own torchrun group. During the
-            # critic's warm-up the policy rests; its unchanged weights still sync (the version paces admission).
-            policy_step = (h.trainer.ask("train_step", batch, spec, max_response_len=rollout_cfg.rollout_max_response_len,
-                                         timeout=None) if trains_policy(config, step) else _no_update())
-            train_metrics, critic_metrics = await asyncio.gather(policy_step, train_critic(h.trainer, batch, config))
-            metrics.update({f"train/{k}": v for k, v in train_metrics.items()} | critic_metrics)
-            metrics["perf/train_time"] = time.monotonic() - train_started
-        step += 1
-        if h.weight_sync is not None and step % config.train.update_weights_interval == 0:
-            version += 1
-            metrics["perf/weight_sync_time"] = await h.weight_sync(version)
-            await h.buffer.ask("set_version", version)
-        metrics["perf/step_time"] = time.monotonic() - started
-        metrics["train/version"] = float(version)
-        metrics["run/restarts"] = float(h.restarts)
-        metrics.update(await h.rollout.ask("metrics"))
-        metrics.update(await h.buffer.ask("metrics"))
-        metrics.update(await h.router.ask("metrics"))
-        if h.weight_sync is not None:
-            metrics["router/engine_rejoins"] = float(h.weight_sync.rejoins)
-        h.monitor.tell("log", step, metrics)
-        h.progress.steps_trained += 1
-        if h.eval_dataset is not None and config.rollout.eval_interval and step % config.rollout.eval_interval == 0:
-            evaluations[step] = asyncio.ensure_future(_evaluate(h, step))
-        if h.checkpointer is not None and h.checkpointer.due(step):
-            await h.checkpointer.save(step, version)
-    if h.eval_dataset is not None and step not in evaluations:
-        evaluations[step] = asyncio.ensure_future(_evaluate(h, step))
-    await asyncio.gather(*evaluations.values())
+    evaluated_at: int | None = None  # the step of the last evaluation started
+    async with task_group() as evaluations:
+        if h.eval_dataset is not None:
+            evaluated_at = _start_evaluation(evaluations, h, step)
+        h.rollout.tell("start")
+        while step < h.total_steps:
+            started = time.monotonic()
+            # None once the rollout has told the buffer that the data ended and too few groups are left.
+            groups = await h.buffer.ask("get", rollout_cfg.rollout_batch_size, version, timeout=None)
+            if groups is None:
+                log.warning("prompt data ran out after %d of %d steps", step, h.total_steps)
+                break
+            temperature = rollout_cfg.rollout_temperature or 1.0
+            ref_logprobs = old_logprobs = None
+            if h.trainer is not None:
+                ref_logprobs, old_logprobs = await advantage_logprobs(h.trainer, groups, spec, temperature)
+            values = await critic_values(h.trainer, groups, temperature) if h.trainer and uses_critic(spec) else None
+            batch, metrics = build_train_batch(
+                groups, spec, train_version=version, temperature=temperature, max_staleness=config.max_staleness,
+                mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout, ref_logprobs=ref_logprobs,
+                old_logprobs=old_logprobs, values=values, lambd=config.critic.lambd)
+            if config.train.save_debug_rollout_data:
+                dump_groups(config.train.save_debug_rollout_data, step + 1, groups)
+            if h.trainer is not None:
+                train_started = time.monotonic()
+                # The policy and the critic (PPO) train at once, each in its own torchrun group. During the critic's
+                # warm-up the policy rests; its unchanged weights still sync (the version paces admission).
+                policy_step = (h.trainer.ask("train_step", batch, spec, timeout=None,
+                                             max_response_len=rollout_cfg.rollout_max_response_len)
+                               if trains_policy(config, step) else _no_update())
+                train_metrics, critic_metrics = await asyncio.gather(policy_step,
+                                                                     train_critic(h.trainer, batch, config))
+                metrics.update({f"train/{k}": v for k, v in train_metrics.items()} | critic_metrics)
+                metrics["perf/train_time"] = time.monotonic() - train_started
+            step += 1
+            if h.weight_sync is not None and step % config.train.update_weights_interval == 0:
+                version += 1
+                metrics["perf/weight_sync_time"] = await h.weight_sync(version)
+                await h.buffer.ask("set_version", version)
+            metrics["perf/step_time"] = time.monotonic() - started
+            metrics["train/version"] = float(version)
+            metrics["run/restarts"] = float(h.restarts)
+            metrics.update(await h.rollout.ask("metrics"))
+            metrics.update(await h.buffer.ask("metrics"))
+            metrics.update(await h.router.ask("metrics"))
+            if h.weight_sync is not None:
+                metrics["router/engine_rejoins"] = float(h.weight_sync.rejoins)
+            h.monitor.tell("log", step, metrics)
+            h.progress.steps_trained += 1
+            if h.eval_dataset is not None and config.rollout.eval_interval and step % config.rollout.eval_interval == 0:
+                evaluated_at = _start_evaluation(evaluations, h, step)
+            if h.checkpointer is not None and h.checkpointer.due(step):
+                await h.checkpointer.save(step, version)
+        if h.eval_dataset is not None and evaluated_at != step:
+            _start_evaluation(evaluations, h, step)
+    # Leaving the task group awaited every evaluation still running.
     if h.checkpointer is not None and h.checkpointer.enabled:
         await h.checkpointer.save(step, version)
     await h.monitor.ask("flush")
@@ -115,26 +121,18 @@ async def _no_update() -> dict[str, float]:
     return {}
 
 
-async def _next_groups(h: Handles, n_groups: int, version: int) -> list | None:
-    """The next step's groups, or None once the rollout has run out of prompts for good."""
-    get = asyncio.ensure_future(h.buffer.ask("get", n_groups, version, timeout=None))
-    get.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error at shutdown is expected
-    while True:
-        done, _ = await asyncio.wait([get], timeout=2.0)
-        if done:
-            return get.result()
-        if await h.rollout.ask("idle") and await h.buffer.ask("available") < n_groups:
-            get.cancel()
-            await h.buffer.ask("cancel_gets")  # else the buffer would hand groups to nobody
-            return None
+def _start_evaluation(evaluations: asyncio.TaskGroup, h: Handles, step: int) -> int:
+    evaluations.create_task(_evaluate(h, step), name=f"eval:{step}")
+    return step
 
 
 async def _evaluate(h: Handles, step: int) -> None:
     try:
         metrics = await h.rollout.ask("evaluate", h.eval_dataset, timeout=None)
-    except Exception as error:  # noqa: BLE001 - a failed evaluation is reported, training goes on
-        log.error("eval at step %d failed: %s", step, error)
+    except Exception as error:  # noqa: BLE001 - an engine error: logged, counted by the rollout, training goes on
+        log.error("eval at step %d failed: %s: %s", step, type(error).__name__, error)
         return
     rewards = ", ".join(f"{key} {value:.3f}" for key, value in metrics.items() if key.endswith("/reward_mean"))
     log.info("eval at step %d: %s", step, rewards or "no samples")
     h.monitor.tell("log", step, metrics)
+

@@ -5,7 +5,9 @@ buffer answers only when one more group keeps the staleness bound and fits its c
 is all the pacing the three training modes need (sync = bound 0, one-step-off = 1, fully-async
 = ``--max-staleness``). Each group's samples are generated concurrently (at most
 ``--rollout-concurrency`` in flight), scored, filtered by the dynamic-sampling hook, then
-``put`` into the buffer — or the reservation is cancelled and the drop counted.
+``put`` into the buffer — or the reservation is cancelled and the drop counted. Once the
+prompts are exhausted and the last group in flight is settled, the producer tells the buffer
+``end_of_data``, which answers the trainer's waiting ``get``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from actors.rollout.slime_plugins import SlimePlugins
 from policies.sampling_filters import BUILTIN_FILTERS
 from slime_async.actor import Actor, ActorRef
 from slime_async.sample import Sample, Status
+from slime_async.task_group import gather_or_cancel
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +88,11 @@ class RolloutActor(Actor):
         self._next_group_index = 0
         self._retry: list[tuple[Any, int]] = []  # (prompt, attempts) of groups that hit engine errors
         self._in_flight_prompts: dict[int, Any] = {}  # group index -> prompt, for checkpoints
+        self._group_settled = asyncio.Event()  # set when a group leaves _in_flight_prompts
         self._producer: asyncio.Task | None = None
         self._generating = 0
         self._consecutive_failures = 0
         self._busy_since = time.monotonic()
-        self.exhausted = False
 
     async def on_stop(self) -> None:
         self.scorer.close()
@@ -99,10 +102,6 @@ class RolloutActor(Actor):
         """Start producing groups (idempotent)."""
         if self._producer is None:
             self._producer = self.spawn(self._produce(), name="rollout:producer")
-
-    def idle(self) -> bool:
-        """True once the prompts are exhausted and no group is being generated."""
-        return self.exhausted and not self._in_flight_prompts and not self._retry
 
     def sampling_params(self, *, evaluation: bool = False) -> dict[str, Any]:
         config = self.config
@@ -130,6 +129,7 @@ class RolloutActor(Actor):
             "rollout/generation_errors": float(self._counters["generation_errors"]),
             "rollout/groups_filtered": float(self._counters["groups_filtered"]),
             "rollout/groups_failed": float(self._counters["groups_failed"]),
+            "rollout/eval_errors": float(self._counters["eval_errors"]),
             "rollout/samples_resumed": float(window.resumed),
             "rollout/tokens_kept_on_abort": float(window.tokens_kept_on_abort),
             "rollout/tokens": float(window.tokens),
@@ -181,12 +181,14 @@ class RolloutActor(Actor):
             prompt, attempts = self._next_prompt()
             while prompt is None and self._in_flight_prompts:
                 # Data is exhausted, but a group in flight may still fail and hand its prompt back.
-                await asyncio.sleep(0.2)
+                self._group_settled.clear()
+                await self._group_settled.wait()
                 prompt, attempts = self._next_prompt()
             if prompt is None:
                 group_slots.release()
                 await self.buffer.ask("cancel_reservation")
-                self.exhausted = True
+                # Each settled group sent its put or cancellation before this (mailboxes are FIFO).
+                await self.buffer.ask("end_of_data")
                 log.info("rollout: prompt data exhausted")
                 return
             # In flight from the moment it leaves the cursor (no await in between), so a
@@ -208,7 +210,7 @@ class RolloutActor(Actor):
         except Exception as error:  # noqa: BLE001 - engine errors are counted and survived
             self._counters["generation_errors"] += 1
             self._consecutive_failures += 1
-            del self._in_flight_prompts[group_index]
+            self._settle(group_index)
             if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
                 # Nothing is being produced: end the run with the reason instead of spinning.
                 self._counters["groups_failed"] += 1  # dropped too: its prompt is not retried
@@ -234,12 +236,17 @@ class RolloutActor(Actor):
                     self._drop_reasons[reason] += 1
         elif not keep:
             self._counters["groups_failed"] += 1
-        del self._in_flight_prompts[group_index]
+        self._settle(group_index)
         if not keep:
             await self.buffer.ask("cancel_reservation")
             return
         self._record(group)
         await self.buffer.ask("put", group, timeout=None)
+
+    def _settle(self, group_index: int) -> None:
+        """The group's prompt leaves flight: its group goes to the buffer, is dropped or is retried."""
+        del self._in_flight_prompts[group_index]
+        self._group_settled.set()
 
     async def _generate_group(self, prompt: Any, group_index: int) -> list[Sample]:
         samples = [self._new_sample(prompt, group_index, i) for i in range(self.config.n_samples_per_prompt)]
@@ -247,7 +254,7 @@ class RolloutActor(Actor):
         try:
             if self.group_fn is not None:
                 return list(await self.group_fn(self.ctx, samples, params))
-            results = await asyncio.gather(*(self._generate_sample(sample, params) for sample in samples))
+            results = await gather_or_cancel(*(self._generate_sample(sample, params) for sample in samples))
         except BaseException:
             self._forget_recordings(samples)
             raise
@@ -319,7 +326,11 @@ class RolloutActor(Actor):
 
     # ----- evaluation ------------------------------------------------------------------------------
     async def _evaluate_all(self, datasets: dict[str, Any]) -> dict[str, float]:
-        results = await asyncio.gather(*(self._evaluate(name, dataset) for name, dataset in datasets.items()))
+        try:
+            results = await gather_or_cancel(*(self._evaluate(name, dataset) for name, dataset in datasets.items()))
+        except Exception:
+            self._counters["eval_errors"] += 1  # the asker (the loop) logs the error
+            raise
         return {key: value for metrics in results for key, value in metrics.items()}
 
     async def _evaluate(self, name: str, dataset: Any) -> dict[str, float]:
@@ -336,7 +347,7 @@ class RolloutActor(Actor):
             await self.scorer.score_group(produced)
             return produced[-1]  # a hook that splits a trajectory is scored on its last piece
 
-        samples = await asyncio.gather(*(one(p, i, k) for i, p in enumerate(prompts) for k in range(n)))
+        samples = await gather_or_cancel(*(one(p, i, k) for i, p in enumerate(prompts) for k in range(n)))
         rewards = [s.reward or 0.0 for s in samples]
         out = {
             prefix + "reward_mean": sum(rewards) / max(len(rewards), 1),

@@ -1,4 +1,4 @@
-"""BufferActor: backpressure, staleness admission, stale drops, FIFO, checkpoint round-trip."""
+"""BufferActor: backpressure, staleness admission, stale drops, FIFO, end of data, checkpoint round-trip."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from actors.buffer import BufferActor, BufferConfig, GetCancelled
+from actors.buffer import BufferActor, BufferConfig
 from slime_async.actor import spawn
 from slime_async.sample import Sample, Status
 
@@ -223,15 +223,36 @@ async def test_group_without_generated_tokens_is_never_stale(start_buffer):
     assert indices(await buffer.ask("get", 1, 5)) == [0]
 
 
-async def test_cancel_gets_withdraws_a_waiting_get(start_buffer):
+# ----- end of data ---------------------------------------------------------------------------------
+async def test_a_waiting_get_is_answered_none_as_soon_as_the_data_ends(start_buffer):
     buffer = await start_buffer()
+    await buffer.ask("put", make_group(0))
+    get = ask_later(buffer, "get", 2, 0)
+    await settle()
+    assert not get.done()
+    buffer.tell("end_of_data")
+    await settle()  # a few turns of the event loop, no timer: nothing polls
+    assert get.done() and get.result() is None
+
+
+async def test_after_the_end_gets_the_groups_left_can_fill_are_still_served(start_buffer):
+    buffer = await start_buffer()
+    for g in range(3):
+        await buffer.ask("put", make_group(g))
+    await buffer.ask("end_of_data")
+    assert indices(await buffer.ask("get", 2, 0)) == [0, 1]
+    assert await buffer.ask("get", 2, 0) is None
+
+
+async def test_the_end_waits_for_a_reserved_group(start_buffer):
+    buffer = await start_buffer()
+    await buffer.ask("reserve")
+    await buffer.ask("end_of_data")
     get = ask_later(buffer, "get", 1, 0)
     await settle()
-    assert await buffer.ask("cancel_gets") == 1
-    with pytest.raises(GetCancelled):
-        await get
-    await buffer.ask("put", make_group(0))
-    assert await buffer.ask("available") == 1
+    assert not get.done()
+    await buffer.ask("put", make_group(7))
+    assert indices(await get) == [7]
 
 
 async def test_put_rejects_a_group_that_is_not_samples(start_buffer):
