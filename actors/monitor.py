@@ -1,6 +1,6 @@
 """MonitorActor: where every metric of the run ends up.
 
-Each ``log(step, metrics)`` call writes the scalars three ways:
+Each ``log(step, metrics)`` call writes the scalars three ways, four with ``--use-wandb``:
 
 - TensorBoard event files (``--tensorboard-dir``, default ``<run_dir>/tb``), values as they are
   (NaN and inf included: TensorBoard shows them, and hiding a NaN loss would hide a bug);
@@ -8,7 +8,9 @@ Each ``log(step, metrics)`` call writes the scalars three ways:
   with NaN/inf written as null so every line is valid JSON for any reader; the file is appended
   to, so a resumed run continues it;
 - a console progress bar (steps done / total, reward, tokens/s) when stderr is a terminal, and
-  every ``--log-interval`` steps a one-line summary of the key metrics.
+  every ``--log-interval`` steps a one-line summary of the key metrics;
+- with ``--use-wandb``, one row of a wandb run (``actors/wandb_logger.py``; the same names and
+  values, plotted against ``step``), logged off the event loop.
 
 ``step`` is the number of training steps done when the metrics were taken (0 before the
 first), the same x-axis for rollout, train, perf and eval scalars. The writes are small and
@@ -26,8 +28,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
+from actors.wandb_logger import WandbLogger
 from slime_async.actor import Actor
 from slime_async.config.flags import field_help as _help
 
@@ -61,10 +64,41 @@ class MonitorConfig:
         "show a progress bar (steps, reward, tokens/s) when the console is a terminal"))
     log_interval: int = field(default=1, metadata=_help(
         "print a one-line summary of the key metrics every N steps; 0 = never"))
+    # wandb, with slime's flag names (--wandb-key is left out: a key in a flag is printed at start
+    # and saved in <run_dir>/config.yaml; wandb reads WANDB_API_KEY or `wandb login`).
+    use_wandb: bool = field(default=False, metadata=_help(
+        "also log every metric to a Weights & Biases run (needs pip install 'slime-async[wandb]')"))
+    wandb_project: str | None = field(default="slime-async", metadata=_help("wandb project"))
+    wandb_team: str | None = field(default=None, metadata=_help(
+        "wandb entity (team or user); none = your default entity"))
+    wandb_group: str | None = field(default=None, metadata=_help("wandb group of the run"))
+    wandb_run_name: str | None = field(default=None, metadata=_help(
+        "wandb run name; none = the run directory's name"))
+    wandb_mode: Literal["online", "offline", "disabled"] | None = field(default=None, metadata=_help(
+        "online, offline (files only, upload later with `wandb sync`) or disabled; none = WANDB_MODE, "
+        "else online"))
+    wandb_dir: str | None = field(default=None, metadata=_help(
+        "directory of the wandb files (they go in its wandb/ folder); none = the run directory"))
+    wandb_host: str | None = field(default=None, metadata=_help(
+        "URL of a self-hosted wandb server; none = WANDB_BASE_URL, else wandb.ai"))
+    wandb_run_id: str | None = field(default=None, metadata=_help(
+        "log to the wandb run with this id (continued if it exists); none = a new run, or the run "
+        "this run directory logged to when the run resumes or restarts"))
 
     def validate(self) -> None:
         if self.log_interval < 0:
             raise ValueError(f"--log-interval must be >= 0, got {self.log_interval}")
+
+    def preflight(self) -> None:
+        """wandb imports (checked at start, before anything is spawned; the monitor imports it
+        again later, for free)."""
+        if not self.use_wandb:
+            return
+        try:
+            import wandb  # noqa: F401
+        except ImportError as error:
+            raise ValueError(f"--use-wandb needs the wandb package ({error}): "
+                             "pip install 'slime-async[wandb]'") from None
 
 
 class MonitorActor(Actor):
@@ -97,11 +131,16 @@ class MonitorActor(Actor):
         self._writer: Any = None  # torch.utils.tensorboard.SummaryWriter
         self._jsonl: TextIO | None = None
         self._bar: Any = None  # tqdm
+        self._wandb: WandbLogger | None = None
         self._last: dict[str, float] = {}  # latest reward / tokens/s for the bar
         self._warned: set[str] = set()
 
     async def on_start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.use_wandb:  # first: if wandb cannot start, no file is left open
+            wandb = WandbLogger(self.config, self.run_dir, resume=self.resume_step is not None)
+            await wandb.start()
+            self._wandb = wandb
         if self.config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -122,10 +161,13 @@ class MonitorActor(Actor):
             self._writer.close()  # flushes
         if self._jsonl is not None:
             self._jsonl.close()
+        if self._wandb is not None:
+            # Marked failed in wandb when the monitor itself failed (a metric wandb refused, ...).
+            await self._wandb.close(exit_code=0 if self._failure is None else 1)
 
     # ----- handlers ---------------------------------------------------------------------------
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Record ``metrics`` at ``step`` in TensorBoard, metrics.jsonl and on the console."""
+        """Record ``metrics`` at ``step`` in TensorBoard, metrics.jsonl, wandb and on the console."""
         now = time.time()
         scalars = self._scalars(metrics)
         if self._writer is not None:
@@ -137,23 +179,20 @@ class MonitorActor(Actor):
             # One line per step, seconds apart: flushing each keeps the file current for a
             # reader (and loses nothing on a crash) at no measurable cost.
             self._jsonl.flush()
+        if self._wandb is not None:
+            self._wandb.log(step, scalars)
         self._update_bar(step, scalars)
         interval = self.config.log_interval
         if interval and step % interval == 0:
             self._summarize(step, scalars)
 
     def flush(self) -> None:
-        """Push everything written so far to disk (TensorBoard flushes on its own every 10 s)."""
+        """Push everything written so far to disk (TensorBoard flushes on its own every 10 s; wandb
+        writes its rows as they come, and stopping the monitor waits for them)."""
         if self._writer is not None:
             self._writer.flush()
         if self._jsonl is not None:
             self._jsonl.flush()
-
-    def set_total_steps(self, total_steps: int | None) -> None:
-        self.total_steps = total_steps
-        if self._bar is not None:
-            self._bar.total = total_steps
-            self._bar.refresh()
 
     # ----- internals ----------------------------------------------------------------------------
     def _scalars(self, metrics: Mapping[str, Any]) -> dict[str, float]:
