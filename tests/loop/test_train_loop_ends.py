@@ -80,7 +80,7 @@ async def run_loop(tmp_path, router: StandInRouter, *, prompts: int, batch: int,
                                    rollout_max_response_len=2, eval_max_response_len=2, eval_interval=eval_interval)
     config = RunConfig(rollout=rollout_config, train=LoopConfig(debug_rollout_only=True))
     router_ref = await spawn(router)
-    buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=8), groups_per_step=batch, max_staleness=None))
+    buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=8), groups_per_step=batch))
     rollout = await spawn(RolloutActor(rollout_config, router=router_ref, buffer=buffer, dataset=Prompts(prompts),
                                        tokenizer=TOKENIZER))
     monitor = await spawn(MonitorActor(MonitorConfig(tensorboard=False, progress_bar=False, log_interval=0), tmp_path))
