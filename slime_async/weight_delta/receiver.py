@@ -137,11 +137,22 @@ def _answer(success: bool, message: str, version: str | None, status: int, reaso
     return web.json_response(body, status=status)
 
 
-def routes(receiver: DeltaReceiver, load: Loader) -> list[web.RouteDef]:
-    """The two endpoints of wire.py over ``receiver``; ``load`` puts checked weights into the engine."""
+def routes(receiver: DeltaReceiver, load: Loader,
+           served: Callable[[list[str]], Awaitable[dict[str, torch.Tensor]]] | None = None) -> list[web.RouteDef]:
+    """The two endpoints of wire.py over ``receiver``; ``load`` puts checked weights into the engine.
 
-    async def state(_request: web.Request) -> web.Response:
-        return web.json_response(receiver.state())
+    ``served`` (where the engine's tensors are at hand, as in the CPU engine) answers
+    ``GET /weights_delta/state?served=1`` with ``served_checksum`` too: the checksum of what the
+    engine serves under the base's names, to check a load bit for bit (tests, debugging).
+    """
+
+    async def state(request: web.Request) -> web.Response:
+        body: dict[str, object] = dict(receiver.state())
+        if served is not None and request.query.get("served") and receiver.metas:
+            tensors = await served(sorted(receiver.metas))
+            body["served_checksum"] = await asyncio.to_thread(
+                lambda: codec.state_checksum(codec.state_metas(tensors).values()))
+        return web.json_response(body)
 
     async def update(request: web.Request) -> web.Response:
         async with receiver._lock:

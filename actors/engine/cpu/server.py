@@ -103,7 +103,7 @@ class EngineServer:
                 web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
                 web.post("/destroy_weights_update_group", self.destroy_weights_update_group),
                 web.post("/update_weight_version", self.update_weight_version),
-                *weight_delta.routes(self.delta, self._load_delta),
+                *weight_delta.routes(self.delta, self._load_delta, self._served),
             ]
         )
         app.on_startup.append(self._on_startup)
@@ -342,6 +342,10 @@ class EngineServer:
             except WeightUpdateError as exc:
                 raise weight_delta.LoadRejected(f"Failed to update weights: {exc}") from exc
             await self._swap(staged, {"weight_version": version})
+
+    async def _served(self, names: list[str]) -> dict[str, torch.Tensor]:
+        # Copied between two scheduler steps, so no swap is half-applied in what is read.
+        return await self._control(lambda: {n: t.clone() for n, t in self.runner.served(names).items()})
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         try:

@@ -1,0 +1,79 @@
+"""The CPU engine's delta weight updates (/weights_delta/*, slime_async/weight_delta/wire.py):
+what it serves after a full and after a delta transfer is the sent state, bit for bit.
+
+They use the shared engine and put its original weights and version back afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import torch
+
+from slime_async.weight_delta import wire
+from slime_async.weight_delta.sender import DeltaSender, DeltaSyncError, Snapshot
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def delta_engine_url(engine_url: str, tiny_model_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[str]:
+    """The shared engine; afterwards it serves the original weights as version "default" again."""
+    yield engine_url
+    restore = {"model_path": str(tiny_model_dir), "weight_version": "default"}
+    async with http.post(engine_url + "/update_weights_from_disk", json=restore) as response:
+        assert response.status == 200, await response.text()
+
+
+async def served_state(http: aiohttp.ClientSession, url: str) -> dict:
+    async with http.get(url + wire.STATE_PATH, params={"served": "1"}) as response:
+        assert response.status == 200
+        return await response.json()
+
+
+async def weight_version(http: aiohttp.ClientSession, url: str) -> str:
+    async with http.get(url + "/get_weight_version") as response:
+        return (await response.json())["weight_version"]
+
+
+def stepped(snapshot: Snapshot, version: str) -> Snapshot:
+    tensors = {name: tensor.clone() for name, tensor in snapshot.tensors.items()}
+    first = next(iter(tensors))
+    tensors[first].reshape(-1)[:7] += 1e-3
+    tensors[first].reshape(-1)[7] = -0.0
+    return Snapshot.of(version, tensors)
+
+
+async def test_the_engine_serves_a_full_then_a_delta_transfer_bit_for_bit(
+        delta_engine_url: str, other_weights_dir: Path, http: aiohttp.ClientSession) -> None:
+    v1 = Snapshot.from_hf_dir("1", other_weights_dir)
+    v2 = stepped(v1, "2")
+    sender = DeltaSender()
+    first = await sender.push(http, delta_engine_url, v1, None)
+    assert (await served_state(http, delta_engine_url))["served_checksum"] == v1.checksum
+    second = await sender.push(http, delta_engine_url, v2, v1)
+    state = await served_state(http, delta_engine_url)
+    assert (first.mode, second.mode) == ("full", "delta")
+    assert state == {"weight_version": "2", "checksum": v2.checksum, "served_checksum": v2.checksum}
+    assert await weight_version(http, delta_engine_url) == "2"
+    assert second.wire_bytes < first.wire_bytes / 10
+
+
+async def test_weights_of_the_wrong_shape_are_refused_and_the_old_ones_keep_serving(
+        delta_engine_url: str, other_weights_dir: Path, http: aiohttp.ClientSession) -> None:
+    v1 = Snapshot.from_hf_dir("1", other_weights_dir)
+    sender = DeltaSender()
+    await sender.push(http, delta_engine_url, v1, None)
+    name = next(iter(v1.tensors))
+    wrong = Snapshot.of("2", {**v1.tensors, name: torch.zeros(3, 3)})
+    with pytest.raises(DeltaSyncError, match=rf"failed \(400\): .*shape mismatch for {name!r}"):
+        await sender.push(http, delta_engine_url, wrong, v1)
+    assert (await served_state(http, delta_engine_url))["served_checksum"] == v1.checksum
+    assert await weight_version(http, delta_engine_url) == "1"
