@@ -26,6 +26,9 @@ class EngineConfig:
         default=1, metadata=_help("GPUs per SGLang engine, i.e. its tensor-parallel size (sglang only)")
     )
     rollout_num_engines: int = field(default=1, metadata=_help("number of embedded CPU engines (cpu only)"))
+    rollout_num_nodes: int = field(default=1, metadata=_help(
+        "nodes the owned engines are spread over, the head's first (more than 1: the others run `slime-async "
+        "agent`); with sglang, --rollout-num-gpus is per node; cpu engines go round-robin"))
     rollout_external_engine_addrs: list[str] = field(
         default_factory=list,
         metadata=_help("URLs (or host:port) of already-running SGLang-compatible servers; never started or killed"),
@@ -85,6 +88,8 @@ class EngineConfig:
             )
         if self.rollout_num_engines < 1:
             raise ValueError(f"--rollout-num-engines must be >= 1, got {self.rollout_num_engines}")
+        if self.rollout_num_nodes < 1:
+            raise ValueError(f"--rollout-num-nodes must be >= 1, got {self.rollout_num_nodes}")
         if not self.engine_host:
             raise ValueError("--engine-host must not be empty")
         if not 0 <= self.engine_base_port <= 65535:

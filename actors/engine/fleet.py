@@ -13,8 +13,8 @@ from actors.engine.config import EngineConfig
 from actors.engine.external import discover_external_engine
 from actors.engine.sglang import assign_engine_gpus, sglang_process_spec
 from slime_async.actor import spawn
-from slime_async.net import free_port
-from slime_async.process import ProcessChild, ProcessSpec, http_ready
+from slime_async.cluster.nodes import LocalNode, Node
+from slime_async.process import ProcessSpec, http_ready
 from slime_async.supervisor import ChildSpec
 from slime_async.weight_group import nccl_env_defaults
 
@@ -25,6 +25,7 @@ class Fleet:
     urls: list[str]
     children: list[ChildSpec] = field(default_factory=list)  # empty for external engines
     specs: list[ProcessSpec] = field(default_factory=list)  # what each child runs (argv, env)
+    nodes: list[Node] = field(default_factory=list)  # where each owned engine runs (parallel to urls)
 
 
 def cpu_engine_spec(name: str, model_path: str, host: str, port: int, config: EngineConfig) -> ProcessSpec:
@@ -46,12 +47,23 @@ def check_gpu_budget(first_gpu: int, rollout_num_gpus: int, gpu_count: int) -> N
         )
 
 
+def engine_nodes(nodes: list[Node], rollout_num_nodes: int, engines: int) -> list[Node]:
+    """The node of each engine: round-robin over the first --rollout-num-nodes nodes (the head is node 0)."""
+    if rollout_num_nodes > len(nodes):
+        raise ValueError(f"--rollout-num-nodes {rollout_num_nodes} but the cluster has {len(nodes)} node(s)")
+    return [nodes[index % rollout_num_nodes] for index in range(engines)]
+
+
 async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, gpu_available: bool,
-                      first_gpu: int = 0, gpu_count: int = 0) -> Fleet:
+                      first_gpu: int = 0, gpu_count: int = 0, nodes: list[Node] | None = None,
+                      trainer_nodes: int = 1) -> Fleet:
     """Decide which engines serve this run; owned ones come back as child specs to supervise.
 
     SGLang engines take the GPUs from ``first_gpu`` on (the trainer's ranks hold 0..first_gpu-1:
-    an engine and the trainer on one GPU could not share an NCCL weight-update group).
+    an engine and the trainer on one GPU could not share an NCCL weight-update group); on nodes
+    past the first ``trainer_nodes`` (no trainer ranks there) from GPU 0. With ``nodes`` (a
+    multi-node cluster) engines are spread over --rollout-num-nodes of them and listen on their
+    node's address; --rollout-num-gpus is then per node.
     """
     kind = config.resolved_engine_type(gpu_available, importlib.util.find_spec("sglang") is not None)
     if kind == "external":
@@ -59,15 +71,24 @@ async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, g
             infos = [await discover_external_engine(url, session, config.engine_api_key)
                      for url in config.rollout_external_engine_addrs]
         return Fleet(kind, [info.url for info in infos])
-    host = config.engine_host
+    nodes = nodes or [LocalNode(config.engine_host)]
+    multi_node = len(nodes) > 1
     if kind == "cpu":
+        placed = engine_nodes(nodes, config.rollout_num_nodes, config.rollout_num_engines)
         placements = [(None, 1)] * config.rollout_num_engines
     else:
-        check_gpu_budget(first_gpu, config.rollout_num_gpus, gpu_count)
-        placements = assign_engine_gpus(config.rollout_num_gpus, config.rollout_num_gpus_per_engine, first_gpu)
+        placed, placements = [], []
+        for node in nodes[:config.rollout_num_nodes]:
+            node_first = first_gpu if node.rank < trainer_nodes else 0
+            check_gpu_budget(node_first, config.rollout_num_gpus, gpu_count if node.gpus is None else len(node.gpus))
+            on_node = assign_engine_gpus(config.rollout_num_gpus, config.rollout_num_gpus_per_engine, node_first)
+            placed += [node] * len(on_node)
+            placements += on_node
     fleet = Fleet(kind, [])
-    for index, (base_gpu, tp_size) in enumerate(placements):
-        port = config.engine_base_port + index if config.engine_base_port else free_port(host)
+    for index, ((base_gpu, tp_size), node) in enumerate(zip(placements, placed)):
+        # One node: --engine-host as before; several: each engine listens on its node's address.
+        host = node.address if multi_node else config.engine_host
+        port = config.engine_base_port + index if config.engine_base_port else await node.free_port()
         name = f"engine-{index}"
         if kind == "cpu":
             spec = cpu_engine_spec(name, model_path, host, port, config)
@@ -77,12 +98,13 @@ async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, g
                                        ready_timeout=config.engine_start_timeout)
         fleet.urls.append(f"http://{host}:{port}")
         fleet.specs.append(spec)
-        fleet.children.append(ChildSpec(name, _starter(spec, log_dir)))
+        fleet.nodes.append(node)
+        fleet.children.append(ChildSpec(name, _starter(spec, log_dir, node)))
     return fleet
 
 
-def _starter(spec: ProcessSpec, log_dir: Path):
+def _starter(spec: ProcessSpec, log_dir: Path, node: Node):
     async def start():
-        return await spawn(ProcessChild(spec, log_dir))
+        return await spawn(node.process(spec, log_dir))
 
     return start

@@ -21,6 +21,7 @@ from actors.buffer import BufferActor
 from actors.critic.config import critic_checkpoint, critic_trainer_config
 from actors.engine.fleet import build_fleet
 from actors.loop.batching import needs_reference
+from actors.loop.placement import export_dir_check, in_cluster
 from actors.loop.checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
 from actors.loop.critic import uses_critic
 from actors.loop.train_loop import Handles, RunProgress, train_loop
@@ -38,6 +39,7 @@ from slime_async.compat.slime.args import flatten_config
 from slime_async.config.loader import dump_config, print_config
 from actors.loop.run_config import RunConfig
 from slime_async.runtime import EXIT_FAILURE, run, run_supervised
+from slime_async.cluster.nodes import Cluster
 from slime_async.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger("slime_async")
@@ -54,7 +56,8 @@ def run_train(config: RunConfig) -> int:
     restarts = 0
     while True:
         progress = RunProgress()
-        code = run(lambda: _main(config, run_dir, restarts, progress), use_uvloop=use_uvloop)
+        code = run(lambda: in_cluster(config, lambda cluster: _main(config, run_dir, restarts, progress, cluster)),
+                   use_uvloop=use_uvloop)
         if not should_restart(config, code, progress, restarts):
             return code
         # Each attempt is a fresh event loop and process tree; everything else comes from the
@@ -90,12 +93,12 @@ def _dataset(config: RunConfig, path: str, tokenizer, *, shuffle: bool, num_epoc
     return prompt_dataset(config.rollout, path, tokenizer, shuffle=shuffle, num_epoch=num_epoch)
 
 
-async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunProgress) -> int:
+async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunProgress, cluster: Cluster) -> int:
     import torch
 
     if config.train.debug_train_only:
         return await _trainer_only(config, run_dir, 0, lambda root: replay_loop(
-            config, trainer=root.child("trainer"), monitor=root.child("monitor")))
+            config, trainer=root.child("trainer"), monitor=root.child("monitor")), cluster=cluster)
     tokenizer = _load_tokenizer(config)
     r = config.rollout
     dataset = _dataset(config, r.prompt_data, tokenizer, shuffle=r.rollout_shuffle, num_epoch=r.num_epoch)
@@ -103,13 +106,14 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     total_steps = r.num_rollout or max(1, (len(dataset) * r.num_epoch) // r.rollout_batch_size)
     logs = run_dir / "logs"
     if config.algorithm.loss_type == "sft":
-        return await _sft_main(config, run_dir, dataset, tokenizer, total_steps)
+        return await _sft_main(config, run_dir, dataset, tokenizer, total_steps, cluster)
     gpu_available = torch.cuda.is_available()
     trainer_gpus = 0 if config.train.debug_rollout_only or not gpu_available else config.trainer.actor_num_gpus_per_node
     critic_first_gpu = critic_gpu_offset(config, trainer_gpus, torch.cuda.device_count() if gpu_available else 0)
     trainer_gpus += critic_first_gpu  # 0 when the critic shares the policy's GPUs
     fleet = await build_fleet(config.engine, config.trainer.hf_checkpoint, logs, gpu_available=gpu_available,
-                              first_gpu=trainer_gpus, gpu_count=torch.cuda.device_count() if gpu_available else 0)
+                              first_gpu=trainer_gpus, gpu_count=torch.cuda.device_count() if gpu_available else 0,
+                              nodes=cluster.nodes, trainer_nodes=config.trainer.actor_num_nodes)
     log.info("engines (%s): %s", fleet.kind, ", ".join(fleet.urls))
 
     def child(name: str):
@@ -137,7 +141,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         # PPO's critic is a second torchrun group of the same actor (one RPC agent per process).
         critic = critic_trainer_config(config.trainer, config.critic) if uses_critic(config.algorithm) else None
         specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), logs, critic=critic,
-                                                                     critic_first_gpu=critic_first_gpu))))
+                                                                     critic_first_gpu=critic_first_gpu,
+                                                                     nodes=cluster.nodes))))
 
     async def start_rollout():
         rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
@@ -159,7 +164,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         if trainer is not None:
             sync = WeightSync(trainer, child("router"), config.train.update_weight_transport,
                               config.train.weight_update_mode, run_dir / "weights", api_key=config.engine.engine_api_key,
-                              timeout=config.train.weight_update_timeout)
+                              timeout=config.train.weight_update_timeout,
+                              export_dir_check=export_dir_check(cluster, fleet, trainer, run_dir / "weights"))
             await sync.check_engines()
         start_step = start_version = 0
         if trainer is not None and config.critic.critic_load:
@@ -230,18 +236,18 @@ def _resume_step(config: RunConfig, restarts: int) -> int | None:
     return 1 if restarts else None
 
 
-async def _sft_main(config: RunConfig, run_dir: Path, dataset, tokenizer, total_steps: int) -> int:
+async def _sft_main(config: RunConfig, run_dir: Path, dataset, tokenizer, total_steps: int, cluster: Cluster) -> int:
     """The warm start: trainer and monitor only, no engines."""
     return await _trainer_only(config, run_dir, total_steps, lambda root: sft_loop(
         trainer=root.child("trainer"), monitor=root.child("monitor"), dataset=dataset, tokenizer=tokenizer,
         spec=config.algorithm, batch_size=config.rollout.rollout_batch_size, total_steps=total_steps,
-        save_hf=config.checkpoint.save_hf))
+        save_hf=config.checkpoint.save_hf), cluster=cluster)
 
 
-async def _trainer_only(config: RunConfig, run_dir: Path, total_steps: int, main) -> int:
+async def _trainer_only(config: RunConfig, run_dir: Path, total_steps: int, main, cluster: Cluster) -> int:
     """A tree of just the monitor and the trainer, running ``main(root)``."""
     root = Supervisor("slime-async-trainer", [
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps or None))),
-        ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), run_dir / "logs"))),
+        ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), run_dir / "logs", nodes=cluster.nodes))),
     ], max_restarts=0, max_seconds=1)
     return await run_supervised(root, main)

@@ -55,6 +55,9 @@ class RunConfig:
                              f"groups (--rollout-batch-size {rollout.rollout_batch_size})")
         check_critic_run(self.algorithm.advantage_estimator, self.critic, loss_type=self.algorithm.loss_type,
                          debug_rollout_only=train.debug_rollout_only, debug_train_only=train.debug_train_only)
+        if self.algorithm.advantage_estimator == "ppo" and self.trainer.actor_num_nodes > 1:
+            raise ValueError("--actor-num-nodes > 1 with --advantage-estimator ppo: PPO's critic group runs on "
+                             "the head's node only (not yet across nodes)")
 
     def _resolve_global_batch_size(self) -> None:
         """--num-steps-per-rollout sets --global-batch-size (as in slime); both must split a rollout

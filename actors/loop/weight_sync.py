@@ -18,7 +18,7 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,6 @@ from actors.loop.config import WeightTransport, WeightUpdateMode
 from actors.trainer.protocol import TensorMeta, WeightGroupSpec
 from slime_async.actor import ActorRef
 from slime_async.engine_client import EngineClient, EngineConnectionError
-from slime_async.net import free_port
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +56,14 @@ class WeightSync:
     _version: int | None = field(default=None, init=False)  # the version the engines were last brought to
     _rejoins: int = field(default=0, init=False)  # engines brought to the current version after a (re)join
     _attempts: int = field(default=0, init=False)  # names each broadcast group uniquely
+    # Multi-node runs: fails when an engine's node cannot read what the trainer exports (disk transport).
+    export_dir_check: Callable[[], Awaitable[None]] | None = None
 
     async def check_engines(self) -> None:
         """Fail at start, not at the first sync, when the engines cannot take this transport."""
         if self.transport == "disk":
+            if self.export_dir_check is not None:
+                await self.export_dir_check()
             return
         urls = [engine["url"] for engine in await self.router.ask("engines")]
         async with aiohttp.ClientSession() as session:
@@ -171,7 +174,9 @@ class WeightSync:
             if not clients:
                 return
         rank_offsets, world_size = broadcast_layout([c.url for c in clients], infos)
-        spec = WeightGroupSpec(master_address="127.0.0.1", master_port=free_port(), world_size=world_size,
+        # The group's master is trainer rank 0, on whichever node holds it (slime_async.cluster).
+        master_address, master_port = await self.trainer.ask("weight_master", timeout=self.timeout)
+        spec = WeightGroupSpec(master_address=master_address, master_port=master_port, world_size=world_size,
                                group_name=group_name or f"weights-v{version}", backend="gloo" if not _cuda() else "nccl")
         try:
             await update_engine_weights(self.trainer, clients, spec, rank_offsets=rank_offsets,

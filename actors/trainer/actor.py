@@ -35,6 +35,7 @@ from actors.trainer.protocol import RankInfo, SampleLogprobs, WeightGroupSpec
 from policies.loss_spec import LossSpec
 from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
 from slime_async.batch import Batch
+from slime_async.cluster.nodes import LocalNode, Node
 from slime_async.process import ProcessChild, ProcessExited, ProcessSpec, log_tail
 from slime_async.rpc import RpcBridge, RpcError
 from slime_async.net import free_port
@@ -141,9 +142,15 @@ class TrainerActor(Actor):
     either group's death fails the actor."""
 
     def __init__(self, config: TrainerConfig, log_dir: str | Path, name: str = "trainer",
-                 critic: TrainerConfig | None = None, critic_first_gpu: int = 0):
+                 critic: TrainerConfig | None = None, critic_first_gpu: int = 0, nodes: Sequence[Node] | None = None):
         super().__init__(name)
         self.config = config.validate()
+        # One torchrun per node, the head's first (slime_async.cluster): node k runs node rank k.
+        self.nodes = list(nodes or [LocalNode()])[:config.actor_num_nodes]
+        if len(self.nodes) < config.actor_num_nodes:
+            raise ValueError(f"--actor-num-nodes {config.actor_num_nodes} but the cluster has {len(self.nodes)} node(s)")
+        self.node_refs: list[ActorRef] = []  # the torchruns of nodes 1.. (node 0's is child_ref)
+        self._rendezvous_id = ""
         self.log_dir = Path(log_dir)
         self.num_ranks = config.num_ranks(torch.cuda.is_available()) * config.actor_num_nodes
         self.ranks: list[RankInfo] = []
@@ -161,7 +168,16 @@ class TrainerActor(Actor):
     def _rpc_world_size(self) -> int:
         return self.num_ranks + (self.critic.num_ranks if self.critic else 0) + 1
 
-    def _spec(self, rpc_port: int, role: str = "actor") -> ProcessSpec:
+    def _rendezvous(self, config: TrainerConfig, critic: bool, node_rank: int, port: int) -> list[str]:
+        """torchrun's rendezvous flags: one node as before; several through c10d at the head, each
+        torchrun binding its node's address (``--local-addr``), the head's hosting the store."""
+        if len(self.nodes) == 1 or critic:
+            return ["--nnodes", "1", "--master-addr", self.nodes[0].address, "--master-port", str(port)]
+        return ["--nnodes", str(len(self.nodes)), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{self.nodes[0].address}:{port}", "--rdzv-id", self._rendezvous_id,
+                "--rdzv-conf", f"is_host={int(node_rank == 0)}", "--local-addr", self.nodes[node_rank].address]
+
+    def _spec(self, rpc_port: int, role: str = "actor", node_rank: int = 0, rendezvous_port: int = 0) -> ProcessSpec:
         # torchrun runs in the repository root, not the user's directory: every path it gets is absolute.
         critic = role == "critic"
         config = self.critic.config if critic and self.critic else self.config
@@ -169,13 +185,12 @@ class TrainerActor(Actor):
         config_path.write_text(config.with_absolute_paths().to_json())
         argv = [
             sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(config.actor_num_nodes),
             "--nproc-per-node", str(config.num_ranks(torch.cuda.is_available())),
-            "--master-addr", "127.0.0.1",
             # The critic's group never shares the policy's rendezvous port.
-            "--master-port", str((None if critic else config.master_port) or free_port()),
+            *self._rendezvous(config, critic, node_rank, (None if critic else rendezvous_port or config.master_port)
+                              or free_port(self.nodes[0].address)),
             "-m", "actors.trainer.worker",
-            "--rpc-init-method", f"tcp://127.0.0.1:{rpc_port}",
+            "--rpc-init-method", f"tcp://{self.nodes[0].address}:{rpc_port}",
             "--rpc-world-size", str(self._rpc_world_size),
             "--config-json", str(config_path),
             "--rpc-timeout", str(config.trainer_start_timeout),
@@ -190,16 +205,30 @@ class TrainerActor(Actor):
         if critic and torch.cuda.is_available():
             # A rank takes GPU LOCAL_RANK of those it sees: the critic's see theirs from critic_first_gpu.
             env["CUDA_VISIBLE_DEVICES"] = _gpus_after(self.critic_first_gpu, config.num_ranks(True))
-        return ProcessSpec(name=f"{self.name}{'-critic' if critic else ''}-torchrun", argv=argv, env=env,
+        node = f"-node{node_rank}" if node_rank else ""
+        return ProcessSpec(name=f"{self.name}{'-critic' if critic else ''}-torchrun{node}", argv=argv, env=env,
                            cwd=str(_REPO_ROOT))
 
     async def on_start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        rpc_port = free_port()
+        head = self.nodes[0]
+        rpc_port = free_port(head.address)
+        self._rendezvous_id = f"{self.name}-{os.getpid()}-{rpc_port}"
+        rendezvous_port = self.config.master_port or free_port(head.address)
         # Both specs first: a critic that cannot be placed fails before anything is started.
-        spec = self._spec(rpc_port)
+        spec = self._spec(rpc_port, rendezvous_port=rendezvous_port)
         critic_spec = self._spec(rpc_port, "critic") if self.critic is not None else None
-        self.child_ref = await spawn(ProcessChild(spec, self.log_dir))
+        self.child_ref = await spawn(head.process(spec, self.log_dir))
+        try:
+            for node in self.nodes[1:]:
+                # The rank config travels to the node: its filesystem need not be the head's.
+                node_spec = self._spec(rpc_port, node_rank=node.rank, rendezvous_port=rendezvous_port)
+                await node.write_text(node_spec.argv[node_spec.argv.index("--config-json") + 1],
+                                      Path(node_spec.argv[node_spec.argv.index("--config-json") + 1]).read_text())
+                self.node_refs.append(await spawn(node.process(node_spec, self.log_dir)))
+        except BaseException:
+            await self._teardown()
+            raise
         if critic_spec is not None:
             try:
                 self.critic.child_ref = await spawn(ProcessChild(critic_spec, self.log_dir))
@@ -209,8 +238,8 @@ class TrainerActor(Actor):
         self.bridge = RpcBridge(
             f"tcp://127.0.0.1:{rpc_port}", self._rpc_world_size, start_timeout=self.config.trainer_start_timeout
         )
-        refs = [self.child_ref] + ([self.critic.child_ref] if self.critic else [])
-        children = [self.child] + ([self.critic.child] if self.critic else [])
+        refs = [self.child_ref, *self.node_refs] + ([self.critic.child_ref] if self.critic else [])
+        children = [ref.actor for ref in refs]
         try:
             joined = asyncio.ensure_future(self.bridge.start())
             exits = [asyncio.ensure_future(ref.wait()) for ref in refs]
@@ -260,7 +289,9 @@ class TrainerActor(Actor):
     async def _watch(self) -> None:
         """Fail the actor (and every pending call) as soon as a rank or torchrun is gone."""
         # (group name, torchrun child, its ranks): the policy's, then the critic's.
-        groups = [("trainer", self.child_ref, self.ranks)]
+        # Ranks on other nodes are watched through their node's torchrun (their pids are not ours).
+        local = [info for info in self.ranks if info.node_ip in ("", self.nodes[0].address)]
+        groups = [("trainer", self.child_ref, local), *(("trainer", ref, []) for ref in self.node_refs)]
         if self.critic is not None:
             groups.append(("critic", self.critic.child_ref, self.critic.ranks))
         exits = [asyncio.ensure_future(ref.wait()) for _, ref, _ in groups]
@@ -288,6 +319,8 @@ class TrainerActor(Actor):
             cause = error.error if isinstance(error, ActorFailed) else error
             if isinstance(cause, ProcessExited):
                 detail = f"torchrun exited with code {cause.returncode}"
+            else:  # e.g. the agent of the node that ran it went away
+                detail = str(cause).splitlines()[0]
         tail = log_tail(child.log_path, 40)
         # Ranks that torchrun stopped after the first failure are dead too by now: prefer
         # torchrun's own "first observed failure", then the first rank seen dead.
@@ -319,6 +352,9 @@ class TrainerActor(Actor):
             await bridge.shutdown(graceful=False)
         if self.critic is not None and self.critic.child_ref is not None:
             await self.critic.child_ref.stop()
+        for ref in reversed(self.node_refs):
+            await ref.stop()
+        self.node_refs = []
         if self.child_ref is not None:
             await self.child_ref.stop()
 
@@ -452,6 +488,15 @@ class TrainerActor(Actor):
 
     def rank_info(self) -> list[RankInfo]:
         return list(self.ranks)
+
+    def weight_master(self) -> Deferred:
+        """(address, free port) on trainer rank 0's node: the master of a distributed weight update."""
+        return self.defer(self._weight_master())
+
+    async def _weight_master(self) -> tuple[str, int]:
+        address = next((info.node_ip for info in self.ranks if info.rank == 0 and info.node_ip), self.nodes[0].address)
+        node = next((n for n in self.nodes if n.address == address), self.nodes[0])
+        return address, await node.free_port()
 
     # ----- the critic (PPO's value model, its own torchrun group) -----------------------------------
     def critic_rank_info(self) -> list[RankInfo]:

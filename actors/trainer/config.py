@@ -21,7 +21,8 @@ class TrainerConfig:
     hf_checkpoint: str = field(
         default="", metadata={"help": "HF model directory: architecture, initial weights and tokenizer"}
     )
-    actor_num_nodes: int = field(default=1, metadata={"help": "nodes of the training group (torchrun --nnodes)"})
+    actor_num_nodes: int = field(default=1, metadata={"help": "nodes of the training group (torchrun --nnodes): the "
+                                 "head and --actor-num-nodes - 1 nodes running `slime-async agent` (docs/multi-node.md)"})
     actor_num_gpus_per_node: int = field(
         default=1, metadata={"help": "training ranks per node on GPU (torchrun --nproc-per-node)"}
     )
@@ -93,8 +94,6 @@ class TrainerConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.train_step_delay < 0:
             raise ValueError(f"--train-step-delay must be >= 0, got {self.train_step_delay}")
-        if self.actor_num_nodes != 1:
-            raise ValueError("--actor-num-nodes > 1 is not supported yet (single-host torchrun)")
         from actors.trainer.model_flags import check_model_flags
         from actors.trainer.optimizer import check_megatron_options  # megatron-core: imported when needed
 

@@ -19,6 +19,7 @@ class RankInfo:
     tp_size: int
     pp_rank: int
     pp_size: int
+    node_ip: str = ""  # the address of the rank's node ($SLIME_NODE_IP; "" on a one-node run)
 
     @property
     def reports(self) -> bool:

@@ -127,6 +127,7 @@ class MegatronRank:
             tp_size=parallel_state.get_tensor_model_parallel_world_size(),
             pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
             pp_size=parallel_state.get_pipeline_model_parallel_world_size(),
+            node_ip=os.environ.get("SLIME_NODE_IP", ""),
         )
 
     # ----- forward-backward --------------------------------------------------------------------

@@ -21,12 +21,25 @@ class ClusterConfig:
     supervisor_max_restarts: int = field(default=3, metadata=_help(
         "restarts a supervisor allows within --supervisor-max-seconds before it stops the run"))
     supervisor_max_seconds: float = field(default=60.0, metadata=_help("the window of --supervisor-max-restarts"))
+    node_ip: str | None = field(default=None, metadata=_help(
+        "this (the head) node's address, which agents, trainer ranks and engines on other nodes reach; default: "
+        "127.0.0.1 on one node, the address of the default route on several"))
+    agent_port: int = field(default=29700, metadata=_help(
+        "port the head listens on for node agents (`slime-async agent --head NODE_IP:PORT`; multi-node runs)"))
+    agent_wait_timeout: float = field(default=300.0, metadata=_help(
+        "seconds the head waits at start for the agents of the other nodes to register"))
 
     def validate(self) -> None:
         if self.supervisor_max_restarts < 0:
             raise ValueError("--supervisor-max-restarts must be >= 0")
         if self.supervisor_max_seconds <= 0:
             raise ValueError("--supervisor-max-seconds must be > 0")
+        if not 0 <= self.agent_port <= 65535:
+            raise ValueError(f"--agent-port must be a port number, got {self.agent_port}")
+        if self.agent_wait_timeout <= 0:
+            raise ValueError(f"--agent-wait-timeout must be > 0, got {self.agent_wait_timeout}")
+        if self.node_ip is not None and not self.node_ip.strip():
+            raise ValueError("--node-ip must not be empty")
 
 
 @dataclass
