@@ -10,7 +10,7 @@ from slime_async.config.paths import require_dir
 
 TrainMode = Literal["sync", "one-step-off", "fully-async"]
 # The weight sync's choices (actors/loop/weight_sync.py); the loader admits only these values.
-WeightTransport = Literal["disk", "distributed"]
+WeightTransport = Literal["disk", "distributed", "delta"]
 WeightUpdateMode = Literal["abort", "pause"]
 
 
@@ -22,7 +22,13 @@ class LoopConfig:
     update_weights_interval: int = field(default=1, metadata=_help("sync weights to engines every N training steps"))
     update_weight_transport: WeightTransport = field(default="disk", metadata=_help(
         "disk: the trainer writes an HF checkpoint every engine loads; distributed: trainer rank 0 "
-        "broadcasts buckets (gloo to CPU engines, NCCL to GPU engines)"))
+        "broadcasts buckets (gloo to CPU engines, NCCL to GPU engines); delta: each engine gets only "
+        "what changed since the version it holds, compressed and checksummed, over HTTP (remote engines "
+        "on slow links; a full transfer after an engine restart)"))
+    update_weight_delta_receivers: str | None = field(default=None, metadata=_help(
+        "delta transport: ENGINE_URL=RECEIVER_URL pairs, comma-separated, for engines whose receiver "
+        "runs beside them (SGLang: python -m actors.engine.delta_receiver); an engine not named is its "
+        "own receiver (the CPU engine)"))
     weight_update_mode: WeightUpdateMode = field(default="abort", metadata=_help(
         "before a weight update the router stops dispatching, then abort: aborts the requests in "
         "flight (they resume on the new weights from their partial tokens); pause: lets them finish "
@@ -41,6 +47,19 @@ class LoopConfig:
             raise ValueError("--debug-rollout-only and --debug-train-only exclude each other")
         if self.debug_train_only and not self.load_debug_rollout_data:
             raise ValueError("--debug-train-only needs --load-debug-rollout-data DIR")
+        self.delta_receivers()
+
+    def delta_receivers(self) -> dict[str, str]:
+        """--update-weight-delta-receivers as engine URL -> receiver URL."""
+        pairs: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in (self.update_weight_delta_receivers or "").split(","))):
+            engine, sep, receiver = item.partition("=")
+            if not sep or not engine.strip() or not receiver.strip():
+                raise ValueError(f"--update-weight-delta-receivers: {item!r} is not ENGINE_URL=RECEIVER_URL")
+            pairs[engine.strip().rstrip("/")] = receiver.strip().rstrip("/")
+        if pairs and self.update_weight_transport != "delta":
+            raise ValueError("--update-weight-delta-receivers needs --update-weight-transport delta")
+        return pairs
 
     def preflight(self) -> None:
         if self.debug_train_only:

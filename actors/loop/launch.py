@@ -165,6 +165,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             sync = WeightSync(trainer, child("router"), config.train.update_weight_transport,
                               config.train.weight_update_mode, run_dir / "weights", api_key=config.engine.engine_api_key,
                               timeout=config.train.weight_update_timeout,
+                              delta_receivers=config.train.delta_receivers(),
                               export_dir_check=export_dir_check(cluster, fleet, trainer, run_dir / "weights"))
             await sync.check_engines()
         start_step = start_version = 0

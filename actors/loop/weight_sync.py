@@ -29,6 +29,7 @@ from actors.loop.config import WeightTransport, WeightUpdateMode
 from actors.trainer.protocol import TensorMeta, WeightGroupSpec
 from slime_async.actor import ActorRef
 from slime_async.engine_client import EngineClient, EngineConnectionError
+from slime_async.weight_delta.sender import DeltaSender, PushResult, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,20 @@ class WeightSync:
     api_key: str | None = None
     timeout: float | None = 300.0
     keep_exports: int = 2
+    # delta transport: engine URL -> its receiver's URL (beside SGLang); an engine not named is
+    # its own receiver (the CPU engine).
+    delta_receivers: Mapping[str, str] = field(default_factory=dict)
     # A sync and a rejoining engine's update never overlap: the export directory (pruned by a
     # sync) and the trainer's weight group are the state they share.
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
     _version: int | None = field(default=None, init=False)  # the version the engines were last brought to
     _rejoins: int = field(default=0, init=False)  # engines brought to the current version after a (re)join
     _attempts: int = field(default=0, init=False)  # names each broadcast group uniquely
+    # delta transport: the last version sent (what a delta is computed against) and the
+    # transfers of the last sync.
+    _delta: DeltaSender = field(default_factory=DeltaSender, init=False, repr=False)
+    _delta_base: Snapshot | None = field(default=None, init=False, repr=False)
+    _delta_results: list[PushResult] = field(default_factory=list, init=False, repr=False)
     # Multi-node runs: fails when an engine's node cannot read what the trainer exports (disk transport).
     export_dir_check: Callable[[], Awaitable[None]] | None = None
 
@@ -66,6 +75,9 @@ class WeightSync:
                 await self.export_dir_check()
             return
         urls = [engine["url"] for engine in await self.router.ask("engines")]
+        if self.transport == "delta":
+            await self._check_receivers(urls)
+            return
         async with aiohttp.ClientSession() as session:
             await self._layout([EngineClient(url, session=session, api_key=self.api_key) for url in urls])
 
@@ -83,6 +95,8 @@ class WeightSync:
             clients = [EngineClient(url, session=session, api_key=self.api_key) for url in urls]
             if self.transport == "disk":
                 await self._via_disk(clients, version)
+            elif self.transport == "delta":
+                await self._via_delta(clients, version)
             else:
                 await self._via_broadcast(clients, version)
         states = await self.router.ask("resume", str(version), timeout=self.timeout)
@@ -132,6 +146,9 @@ class WeightSync:
                     result = await client.update_weights_from_disk(
                         str(self.weights_dir / f"v{version}"), weight_version=str(version), timeout=self.timeout)
                     self._check([client], [result])
+                elif self.transport == "delta":
+                    # The version last sent; a restarted engine's receiver holds none: a full transfer.
+                    await self._push_delta([client], self._delta_base)
                 else:
                     # The trainer may have trained a step since the last sync: labelled with this
                     # version, those weights only look older than they are, and the next sync
@@ -156,6 +173,53 @@ class WeightSync:
             return_exceptions=True)
         self._check(clients, results)
         self._prune(version)
+
+    @property
+    def delta_results(self) -> list[PushResult]:
+        """delta transport: each engine's transfer in the last sync or rejoin (mode, bytes, seconds)."""
+        return list(self._delta_results)
+
+    async def _via_delta(self, clients: list[EngineClient], version: int) -> None:
+        path = self.weights_dir / f"v{version}"
+        await self.trainer.ask("export_hf", str(path), timeout=self.timeout)
+        # The supervisor holds this version and the last one (2x the weights) while it sends.
+        target = await asyncio.to_thread(Snapshot.from_hf_dir, str(version), path)
+        await self._push_delta(clients, target)
+        self._delta_base = target
+        self._delta.forget(keep=target.version)
+        self._prune(version)
+
+    async def _push_delta(self, clients: list[EngineClient], target: Snapshot | None) -> None:
+        if target is None:
+            raise WeightSyncError("delta transport: no version has been exported yet")
+        base = self._delta_base
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        async with aiohttp.ClientSession() as session:
+            results = await asyncio.gather(
+                *(self._delta.push(session, self._receiver(c.url), target, base, headers=headers, timeout=self.timeout)
+                  for c in clients), return_exceptions=True)
+        self._delta_results = [r for r in results if isinstance(r, PushResult)]
+        for result in self._delta_results:
+            log.info("weight sync v%s -> %s: %s transfer, %d bytes on the wire for %d bytes of weights, %.2f s%s%s",
+                     target.version, result.url, result.mode, result.wire_bytes, result.full_bytes, result.seconds,
+                     f" (the delta failed: {result.fallback})" if result.fallback else "",
+                     f", served checksum {result.served_checksum}" if result.served_checksum else "")
+        # The router's resume() keeps engines that failed out as stale; the watcher retries each.
+        self._check(clients, results)
+
+    def _receiver(self, engine_url: str) -> str:
+        return self.delta_receivers.get(engine_url, engine_url).rstrip("/")
+
+    async def _check_receivers(self, urls: Sequence[str]) -> None:
+        async with aiohttp.ClientSession() as session:
+            results = await asyncio.gather(*(self._delta.receiver_state(session, self._receiver(url), timeout=30.0)
+                                             for url in urls), return_exceptions=True)
+        for url, result in zip(urls, results):
+            if isinstance(result, BaseException):
+                raise WeightSyncError(
+                    f"--update-weight-transport delta: engine {url} has no weight-delta receiver ({result}); "
+                    "the CPU engine is its own, an SGLang engine needs `python -m actors.engine.delta_receiver` "
+                    "beside it, named in --update-weight-delta-receivers ENGINE_URL=RECEIVER_URL")
 
     async def _via_broadcast(self, clients: list[EngineClient], version: int, group_name: str | None = None) -> None:
         infos = await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients), return_exceptions=True)

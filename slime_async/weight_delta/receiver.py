@@ -21,8 +21,12 @@ from slime_async.weight_delta import codec, wire
 
 log = logging.getLogger(__name__)
 
-# Loads a checked state into the engine; raises LoadRejected when the engine refuses it.
-Loader = Callable[[dict[str, torch.Tensor], str], Awaitable[None]]
+# Loads a checked state into the engine; raises LoadRejected when the engine refuses it. Returns the
+# checksum of what the engine then serves under those names where it can tell (its tensors at hand,
+# in the sent dtypes), else None: the sender then knows the engine's weights, not only the
+# receiver's copy, are the sent bits.
+Loader = Callable[[dict[str, torch.Tensor], str], Awaitable[str | None]]
+ServedChecksum = Callable[[list[str]], Awaitable[str]]
 
 
 class LoadRejected(RuntimeError):
@@ -137,21 +141,18 @@ def _answer(success: bool, message: str, version: str | None, status: int, reaso
     return web.json_response(body, status=status)
 
 
-def routes(receiver: DeltaReceiver, load: Loader,
-           served: Callable[[list[str]], Awaitable[dict[str, torch.Tensor]]] | None = None) -> list[web.RouteDef]:
+def routes(receiver: DeltaReceiver, load: Loader, served: ServedChecksum | None = None) -> list[web.RouteDef]:
     """The two endpoints of wire.py over ``receiver``; ``load`` puts checked weights into the engine.
 
     ``served`` (where the engine's tensors are at hand, as in the CPU engine) answers
     ``GET /weights_delta/state?served=1`` with ``served_checksum`` too: the checksum of what the
-    engine serves under the base's names, to check a load bit for bit (tests, debugging).
+    engine serves under the base's names (tests, debugging).
     """
 
     async def state(request: web.Request) -> web.Response:
         body: dict[str, object] = dict(receiver.state())
         if served is not None and request.query.get("served") and receiver.metas:
-            tensors = await served(sorted(receiver.metas))
-            body["served_checksum"] = await asyncio.to_thread(
-                lambda: codec.state_checksum(codec.state_metas(tensors).values()))
+            body["served_checksum"] = await served(sorted(receiver.metas))
         return web.json_response(body)
 
     async def update(request: web.Request) -> web.Response:
@@ -168,7 +169,7 @@ def routes(receiver: DeltaReceiver, load: Loader,
             except wire.WireError as exc:
                 return _answer(False, str(exc), receiver.version, 400, "corrupt")
             try:
-                await load(received.tensors, received.version)
+                served_checksum = await load(received.tensors, received.version)
             except LoadRejected as exc:
                 return _answer(False, str(exc), receiver.version, 400, "rejected")
             receiver.commit(received)
@@ -176,6 +177,7 @@ def routes(receiver: DeltaReceiver, load: Loader,
                      received.wire_bytes)
             return _answer(True, f"Succeeded to update model weights from a {received.mode} transfer. "
                            f"Weight version updated to {received.version}.", received.version, 200,
-                           mode=received.mode, wire_bytes=received.wire_bytes)
+                           mode=received.mode, wire_bytes=received.wire_bytes, checksum=received.checksum,
+                           served_checksum=served_checksum)
 
     return [web.get(wire.STATE_PATH, state), web.post(wire.UPDATE_PATH, update)]

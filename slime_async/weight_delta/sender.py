@@ -62,6 +62,7 @@ class PushResult:
     full_bytes: int  # the raw bytes of the version's tensors, for comparison
     seconds: float
     fallback: str | None = None  # why a delta became a full transfer
+    served_checksum: str | None = None  # the engine's own check of what it serves, where it can tell
 
 
 class DeltaSender:
@@ -77,7 +78,7 @@ class DeltaSender:
                    headers: Mapping[str, str] | None = None, timeout: float | None = 300.0) -> PushResult:
         """Bring the receiver at ``url`` to ``target``; raises DeltaSyncError naming ``url``."""
         started = time.monotonic()
-        state = await self._get_state(session, url, headers, timeout)
+        state = await self.receiver_state(session, url, headers, timeout)
         holds_base = (base is not None and state.get("weight_version") == base.version
                       and state.get("checksum") == base.checksum)
         sent = 0
@@ -86,7 +87,8 @@ class DeltaSender:
             status, answer, nbytes = await self._post(session, url, target, base, headers, timeout)
             sent += nbytes
             if status == 200:
-                return PushResult(url, "delta", sent, _raw_bytes(target), time.monotonic() - started)
+                return PushResult(url, "delta", sent, _raw_bytes(target), time.monotonic() - started,
+                                  served_checksum=_confirmed(url, target, answer))
             if answer.get("reason") not in ("base_mismatch", "checksum_mismatch"):
                 raise DeltaSyncError(f"weight delta to {url} failed ({status}): {answer.get('message')}")
             fallback = str(answer.get("reason"))
@@ -94,10 +96,12 @@ class DeltaSender:
         sent += nbytes
         if status != 200:
             raise DeltaSyncError(f"full weight transfer to {url} failed ({status}): {answer.get('message')}")
-        return PushResult(url, "full", sent, _raw_bytes(target), time.monotonic() - started, fallback)
+        return PushResult(url, "full", sent, _raw_bytes(target), time.monotonic() - started, fallback,
+                          _confirmed(url, target, answer))
 
-    async def _get_state(self, session: aiohttp.ClientSession, url: str, headers: Mapping[str, str] | None,
-                         timeout: float | None) -> dict[str, Any]:
+    async def receiver_state(self, session: aiohttp.ClientSession, url: str,
+                             headers: Mapping[str, str] | None = None, timeout: float | None = 30.0) -> dict[str, Any]:
+        """The receiver's ``/weights_delta/state``; raises DeltaSyncError naming ``url``."""
         try:
             async with session.get(url + wire.STATE_PATH, headers=headers,
                                    timeout=aiohttp.ClientTimeout(total=timeout)) as response:
@@ -162,6 +166,15 @@ class DeltaSender:
         header = {"kind": "tensor", "name": name, "dtype": meta.dtype, "shape": list(meta.shape),
                   "checksum": meta.checksum, "encoding": encoding}
         return wire.frame(header, payload)
+
+
+def _confirmed(url: str, target: Snapshot, answer: Mapping[str, Any]) -> str | None:
+    """The engine's served checksum; raises if the receiver or the engine holds other bits than sent."""
+    for key in ("checksum", "served_checksum"):
+        if answer.get(key) not in (None, target.checksum):
+            raise DeltaSyncError(f"{url} loaded v{target.version} but reports {key} {answer[key]}, "
+                                 f"not the sent {target.checksum}")
+    return answer.get("served_checksum")
 
 
 def _raw_bytes(snapshot: Snapshot) -> int:

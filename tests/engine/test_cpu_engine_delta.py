@@ -1,12 +1,20 @@
 """The CPU engine's delta weight updates (/weights_delta/*, slime_async/weight_delta/wire.py):
-what it serves after a full and after a delta transfer is the sent state, bit for bit.
+what it serves after a full and after a delta transfer is the sent state, bit for bit; and the
+receiver that sits beside an SGLang engine (actors/engine/delta_receiver.py), here in front of
+the CPU engine's SGLang-compatible /update_weights_from_disk.
 
 They use the shared engine and put its original weights and version back afterwards.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +23,8 @@ import torch
 
 from slime_async.weight_delta import wire
 from slime_async.weight_delta.sender import DeltaSender, DeltaSyncError, Snapshot
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -61,6 +71,7 @@ async def test_the_engine_serves_a_full_then_a_delta_transfer_bit_for_bit(
     second = await sender.push(http, delta_engine_url, v2, v1)
     state = await served_state(http, delta_engine_url)
     assert (first.mode, second.mode) == ("full", "delta")
+    assert (first.served_checksum, second.served_checksum) == (v1.checksum, v2.checksum)  # the engine's own check
     assert state == {"weight_version": "2", "checksum": v2.checksum, "served_checksum": v2.checksum}
     assert await weight_version(http, delta_engine_url) == "2"
     assert second.wire_bytes < first.wire_bytes / 10
@@ -77,3 +88,41 @@ async def test_weights_of_the_wrong_shape_are_refused_and_the_old_ones_keep_serv
         await sender.push(http, delta_engine_url, wrong, v1)
     assert (await served_state(http, delta_engine_url))["served_checksum"] == v1.checksum
     assert await weight_version(http, delta_engine_url) == "1"
+
+
+@contextlib.contextmanager
+def sidecar_receiver(engine_url: str, model_dir: Path, root: Path) -> Iterator[str]:
+    """`python -m actors.engine.delta_receiver` in front of ``engine_url`` (which the CPU engine
+    serves with SGLang's /update_weights_from_disk); yields its URL."""
+    log_path = root / "receiver.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "actors.engine.delta_receiver", "--engine-url", engine_url,
+             "--model-path", str(model_dir), "--dir", str(root / "versions")],
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (match := re.search(r"listening on (http://\S+)", log_path.read_text())):
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        yield match.group(1)
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+async def test_the_receiver_beside_an_engine_loads_each_version_through_its_disk_api(
+        delta_engine_url: str, other_weights_dir: Path, tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    v1 = Snapshot.from_hf_dir("1", other_weights_dir)
+    v2, v3 = stepped(v1, "2"), stepped(stepped(v1, "2"), "3")
+    await DeltaSender().push(http, delta_engine_url, v1, None)  # names the engine's own served checksum
+    sender = DeltaSender()
+    with sidecar_receiver(delta_engine_url, other_weights_dir, tmp_path) as receiver_url:
+        modes = [(await sender.push(http, receiver_url, v2, None)).mode,
+                 (await sender.push(http, receiver_url, v3, v2)).mode]
+        assert (await sender.receiver_state(http, receiver_url))["checksum"] == v3.checksum
+    assert modes == ["full", "delta"]
+    assert await weight_version(http, delta_engine_url) == "3"
+    assert (await served_state(http, delta_engine_url))["served_checksum"] == v3.checksum
+    assert sorted(p.name for p in (tmp_path / "versions").iterdir()) == ["v2", "v3"]
+    assert (tmp_path / "versions" / "v3" / "config.json").is_file()

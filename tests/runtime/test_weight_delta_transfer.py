@@ -23,10 +23,11 @@ class Engine:
         self.loaded: dict[str, dict[str, torch.Tensor]] = {}
         self.refuse: str | None = None
 
-    async def load(self, tensors: dict[str, torch.Tensor], version: str) -> None:
+    async def load(self, tensors: dict[str, torch.Tensor], version: str) -> str | None:
         if self.refuse:
             raise LoadRejected(self.refuse)
         self.loaded[version] = tensors
+        return None
 
 
 @contextlib.asynccontextmanager

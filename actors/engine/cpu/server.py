@@ -31,6 +31,7 @@ from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
 from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
 from actors.engine.cpu.scheduler import PAUSE_MODES, Request, Scheduler, SchedulerConfig
 from slime_async.net import serve_until_signalled
+from slime_async.weight_delta import codec as weight_codec
 from slime_async.weight_delta import receiver as weight_delta
 from slime_async.weight_group import destroy_custom_process_group, init_custom_process_group
 
@@ -334,18 +335,23 @@ class EngineServer:
         message = "Succeeded to update model weights."
         return _json({"success": True, "message": self._versioned(message, body), "num_paused_requests": 0})
 
-    async def _load_delta(self, tensors: dict[str, torch.Tensor], version: str) -> None:
-        """Swap in weights a delta transfer rebuilt (and checked); SGLang's timing, as from disk."""
+    async def _load_delta(self, tensors: dict[str, torch.Tensor], version: str) -> str | None:
+        """Swap in weights a delta transfer rebuilt (and checked); SGLang's timing, as from disk.
+        Returns the checksum of what it then serves where the model has the sent dtypes."""
         async with self._update_lock:
             try:
                 staged = await asyncio.to_thread(self.runner.stage, tensors, "weight delta")
             except WeightUpdateError as exc:
                 raise weight_delta.LoadRejected(f"Failed to update weights: {exc}") from exc
             await self._swap(staged, {"weight_version": version})
+        if all(t.dtype == self.runner.dtype for t in tensors.values()):
+            return await self._served(sorted(tensors))
+        return None
 
-    async def _served(self, names: list[str]) -> dict[str, torch.Tensor]:
-        # Copied between two scheduler steps, so no swap is half-applied in what is read.
-        return await self._control(lambda: {n: t.clone() for n, t in self.runner.served(names).items()})
+    async def _served(self, names: list[str]) -> str:
+        # Between two scheduler steps, so no swap is half-applied in what is read (~0.1 s a GB).
+        return await self._control(
+            lambda: weight_codec.state_checksum(weight_codec.state_metas(self.runner.served(names)).values()))
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         try:
