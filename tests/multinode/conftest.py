@@ -22,8 +22,8 @@ def agents(tmp_path) -> Iterator:
     """``agents(head, *flags) -> Popen``; every agent (and its process group) is killed at the end."""
     started: list[subprocess.Popen] = []
 
-    def start(head: str, *extra: str) -> subprocess.Popen:
-        process = start_agent(head, tmp_path / f"agent-{len(started)}.log", *extra)
+    def start(head: str, *extra: str, hide: Path | None = None) -> subprocess.Popen:
+        process = start_agent(head, tmp_path / f"agent-{len(started)}.log", *extra, hide=hide)
         started.append(process)
         return process
 

@@ -15,7 +15,8 @@ import pytest
 from process_tree import DescendantTracker
 from slime_async.actor import ActorFailed, spawn
 from slime_async.cluster.head import AgentLost, ClusterError, Head, RemoteProcessExited
-from slime_async.cluster.nodes import AgentNode, Cluster
+from slime_async.cluster.nodes import AgentNode, Cluster, LocalNode
+from slime_async.cluster.shared_dir import UnsharedDirectory, check_shared_directory
 from slime_async.process import ProcessSpec, http_ready
 from slime_async.net import free_port
 
@@ -28,10 +29,10 @@ _SERVER = ("import http.server, os, sys; open(sys.argv[1], 'w').write(os.environ
            "http.server.SimpleHTTPRequestHandler).serve_forever()")
 
 
-async def _head_with_agent(agents) -> tuple[Head, AgentNode, int]:
+async def _head_with_agent(agents, hide: Path | None = None) -> tuple[Head, AgentNode, int]:
     head = Head("127.0.0.1", 0)
     await head.start()
-    process = agents(head.address)
+    process = agents(head.address, hide=hide)
     [agent] = await head.wait_for_agents(1, timeout=60)
     return head, AgentNode(1, agent), process.pid
 
@@ -113,3 +114,26 @@ async def test_when_the_head_goes_the_agent_stops_its_children_and_registers_wit
 async def test_a_cluster_without_its_agents_fails_at_start_naming_the_command():
     with pytest.raises(ClusterError, match=r"0 of 1 node agent\(s\) registered .*slime-async agent --head 127\.0\.0\.1:"):
         await Cluster.start(2, node_ip="127.0.0.1", agent_port=0, wait_timeout=0.5)
+
+
+async def test_a_directory_the_nodes_share_passes_the_probe(tmp_path, agents):
+    head, node, _ = await _head_with_agent(agents)
+    try:
+        await check_shared_directory(tmp_path / "weights", LocalNode(), [("engine E", node)], purpose="P", remedy="R")
+    finally:
+        await head.close()
+
+
+async def test_a_directory_another_node_does_not_see_fails_the_probe_naming_engine_and_node(tmp_path, agents):
+    unshared = tmp_path / "run"
+    unshared.mkdir()
+    head, node, _ = await _head_with_agent(agents, hide=unshared)
+    try:
+        with pytest.raises(UnsharedDirectory) as failed:
+            await check_shared_directory(unshared / "weights", LocalNode(), [("engine http://127.0.0.2:1", node)],
+                                         purpose="--update-weight-transport disk", remedy="share it")
+        message = str(failed.value)
+        assert "\n" not in message and message.startswith("--update-weight-transport disk: engine http://127.0.0.2:1 on node 1 (127.0.0.2")
+        assert "does not exist there); share it" in message
+    finally:
+        await head.close()
