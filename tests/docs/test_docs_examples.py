@@ -2,7 +2,8 @@
 
 - fenced ``toml`` / ``yaml`` blocks are run configs: they parse with ``parse_run_config`` (and pass
   ``preflight`` where every path they name exists);
-- fenced ``python`` blocks compile;
+- fenced ``python`` blocks compile; ``jsonl`` blocks are prompt data that ``PromptDataset`` reads
+  without a bad row;
 - every ``slime-async ...`` command (in ``bash`` blocks and inline code): ``train`` commands parse
   with ``parse_run_config``; other commands' flags appear in that command's ``--help``;
 - every other line of a ``bash`` block and every inline ``bash`` / ``python`` command names a
@@ -65,11 +66,11 @@ def collect() -> list[Example]:
         text = page.read_text()
         name = str(page.relative_to(ROOT))
         for lang, body in FENCE.findall(text):
-            if lang in ("toml", "yaml", "python"):
+            if lang in ("toml", "yaml", "python", "jsonl"):
                 examples.append(Example(name, lang, body))
             elif lang in ("bash", "sh", "shell"):
                 examples += [Example(name, "command", c) for c in _commands(body)]
-            elif lang:
+            elif lang not in ("", "text"):  # plain blocks are pictures and output, not examples
                 raise AssertionError(f"{name}: a ```{lang} block, which this test does not check")
         for span in INLINE.findall(FENCE.sub("", text)):
             span = " ".join(span.split())
@@ -158,7 +159,7 @@ def check_command(text: str) -> None:
 
 
 def test_the_docs_have_examples_of_each_kind():
-    assert {"toml", "yaml", "python", "command"} <= {e.kind for e in EXAMPLES}
+    assert {"toml", "yaml", "python", "jsonl", "command"} <= {e.kind for e in EXAMPLES}
     assert any(e.text.startswith("slime-async train ") for e in _ids("command"))
 
 
@@ -173,6 +174,24 @@ def test_config_example_parses(example, tmp_path):
 @pytest.mark.parametrize("example", _ids("python"), ids=str)
 def test_python_example_compiles(example):
     compile(example.text, example.page, "exec")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from slime_async.tiny_model import train_tokenizer
+
+    return train_tokenizer(vocab_size=512, seed=0)  # the tiny model's tokenizer, with its chat template
+
+
+@pytest.mark.parametrize("example", _ids("jsonl"), ids=str)
+def test_prompt_data_example_loads_without_bad_rows(example, tmp_path, tokenizer):
+    from actors.rollout.data import PromptDataset
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(example.text)
+    rows = [line for line in example.text.splitlines() if line.strip()]
+    dataset = PromptDataset(path, tokenizer, apply_chat_template=True, require_label=True)
+    assert (len(dataset), dataset.bad_rows) == (len(rows), 0)
 
 
 @pytest.mark.parametrize("example", _ids("command"), ids=str)
