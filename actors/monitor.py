@@ -90,15 +90,19 @@ class MonitorConfig:
             raise ValueError(f"--log-interval must be >= 0, got {self.log_interval}")
 
     def preflight(self) -> None:
-        """wandb imports (checked at start, before anything is spawned; the monitor imports it
-        again later, for free)."""
+        """wandb imports and, online, has an API key: checked at start, before anything is
+        spawned (the monitor, which starts wandb, starts after the engines)."""
         if not self.use_wandb:
             return
         try:
-            import wandb  # noqa: F401
+            import wandb
         except ImportError as error:
             raise ValueError(f"--use-wandb needs the wandb package ({error}): "
                              "pip install 'slime-async[wandb]'") from None
+        mode = self.wandb_mode or wandb.setup().settings.mode  # none: WANDB_MODE or wandb's settings
+        if mode in ("online", "run") and not wandb.login(host=self.wandb_host, verify=False, prompt=False):
+            raise ValueError("--use-wandb: no wandb API key for online mode (set WANDB_API_KEY or run "
+                             "`wandb login`), or log offline with --wandb-mode offline")
 
 
 class MonitorActor(Actor):

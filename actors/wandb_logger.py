@@ -75,7 +75,7 @@ class WandbLogger:
         """Finish the run (after every queued row) and end the thread; ``exit_code`` non-zero
         marks the run failed in wandb."""
         try:
-            await asyncio.wait_for(self._call(lambda: self._run.finish(exit_code=exit_code)), FINISH_TIMEOUT_S)
+            await asyncio.wait_for(self._call(lambda: self._finish(exit_code)), FINISH_TIMEOUT_S)
         except TimeoutError:
             log.warning("wandb: finish did not return within %.0f s; what was not uploaded stays in %s "
                         "(upload it with `wandb sync`)", FINISH_TIMEOUT_S, self.dir / "wandb")
@@ -107,6 +107,15 @@ class WandbLogger:
         self._run.define_metric("*", step_metric="step")
         (self.dir / "wandb").mkdir(exist_ok=True)
         (self.dir / "wandb" / RUN_ID_FILE).write_text(self._run.id + "\n")
+
+    def _finish(self, exit_code: int) -> None:
+        import wandb
+
+        self._run.finish(exit_code=exit_code)
+        # finish() returns before wandb-core has written the run's .wandb file out (right after
+        # it, the file sometimes held only its header); tearing the service down waits for that.
+        # The service is the process's, and the monitor is the process's one wandb user.
+        wandb.teardown(exit_code)
 
     def _saved_run_id(self) -> str | None:
         path = self.dir / "wandb" / RUN_ID_FILE

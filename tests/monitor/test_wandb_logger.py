@@ -1,7 +1,8 @@
 """--use-wandb: the monitor's wandb run, offline (no network here), read back from the run's
 .wandb file: the same metrics as metrics.jsonl at the same steps, the flags' project / group /
 name, the run's config, a clean finish on a normal stop and a failed one when the monitor fails,
-the same run continued when the run resumes; and without wandb installed, one line at start."""
+the same run continued when the run resumes; without wandb installed, or online without an API
+key, one line at start."""
 
 from __future__ import annotations
 
@@ -93,16 +94,40 @@ async def test_a_resumed_run_logs_to_the_wandb_run_it_logged_to_before(tmp_path)
     assert history(resumed) == [{"step": 1, "train/loss": 0.4}]
 
 
-def test_use_wandb_without_wandb_installed_is_one_line_and_exit_2_before_anything_starts(
-        tmp_path, monkeypatch, capsys):
-    model = build_tiny_model(tmp_path / "model", arch="qwen2", seed=0)
-    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
-    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails as if not installed
+@pytest.fixture(scope="module")
+def train_argv(tmp_path_factory) -> list[str]:
+    root = tmp_path_factory.mktemp("wandb-preflight")
+    model = build_tiny_model(root / "model", arch="qwen2", seed=0)
+    (root / "prompts.jsonl").write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    return ["train", "--use-wandb", "--hf-checkpoint", str(model), "--prompt-data", str(root / "prompts.jsonl")]
+
+
+def train_error(argv: list[str], capsys) -> str:
+    """``slime-async train ARGV``'s stderr, which must be one line, with exit code 2."""
     capsys.readouterr()
-    code = main(["train", "--use-wandb", "--hf-checkpoint", str(model), "--prompt-data",
-                 str(tmp_path / "prompts.jsonl"), "--run-dir", str(tmp_path / "run")])
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert code == 2
+    assert err.count("\n") == 1, err
+    return err
+
+
+def test_use_wandb_without_wandb_installed_is_one_line_and_exit_2_before_anything_starts(
+        train_argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails as if not installed
+    err = train_error(train_argv + ["--run-dir", str(tmp_path / "run")], capsys)
     assert err.startswith("slime-async train: error: monitor: --use-wandb needs the wandb package (")
-    assert err.endswith("pip install 'slime-async[wandb]'\n") and err.count("\n") == 1
+    assert err.endswith("pip install 'slime-async[wandb]'\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_online_without_an_api_key_is_one_line_at_start(train_argv, tmp_path, monkeypatch, capsys):
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings file
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+    err = train_error(train_argv + ["--wandb-mode", "online", "--run-dir", str(tmp_path / "run")], capsys)
+    assert err == ("slime-async train: error: monitor: --use-wandb: no wandb API key for online mode (set "
+                   "WANDB_API_KEY or run `wandb login`), or log offline with --wandb-mode offline\n")
     assert not (tmp_path / "run").exists()
