@@ -208,13 +208,15 @@ async def _sleep_or(event: asyncio.Event, seconds: float) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="slime-async agent", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="slime-async agent", description="Run process children (trainer ranks, engines) on this node for a "
+        "slime-async head on another: one agent per node but the head (docs/multi-node.md).")
     parser.add_argument("--head", required=True, help="HOST:PORT the head listens on for agents (its --node-ip and --agent-port)")
     parser.add_argument("--node-ip", default=None, help="this node's address, the one other nodes reach it at "
                         "(default: the address of the route to the head)")
     parser.add_argument("--gpus", default=None, help="GPU ids this node offers, comma-separated (default: all visible)")
-    parser.add_argument("--node-rank", type=int, default=None, help="this node's place in the cluster (head = 0; "
-                        "default: $SLURM_NODEID, else the order of registration)")
+    parser.add_argument("--node-rank", type=int, default=None, help="orders the agents' nodes after the head's "
+                        "(node 0); default: $SLURM_NODEID, else the order of registration")
     parser.add_argument("--log-dir", default="agent-logs", help="child logs when the head's run directory is not "
                         "shared with this node")
     parser.add_argument("--reconnect-timeout", type=float, default=600.0,
