@@ -52,7 +52,8 @@ class BufferConfig:
         "wait for space beyond it (backpressure)"))
     max_staleness: int | None = field(default=None, metadata=_help(
         "fully-async: no trained token was generated more than this many policy versions ago; new "
-        "prompts wait while in-flight + buffered work would break it; none = unbounded"))
+        "prompts wait while in-flight + buffered work would break it; none = unbounded (sync implies 0, "
+        "one-step-off 1)"))
     mask_offpolicy_in_partial_rollout: bool = field(default=False, metadata=_help(
         "a partial rollout whose older tokens exceed --max-staleness keeps its newer tokens (the "
         "old ones get loss mask 0) instead of the whole group being dropped"))
@@ -62,9 +63,6 @@ class BufferConfig:
             raise ValueError(f"--buffer-capacity must be > 0, got {self.buffer_capacity}")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"--max-staleness must be >= 0 or none, got {self.max_staleness}")
-
-
-_FROM_CONFIG: Any = object()  # sentinel: max_staleness not overridden (None is a real value)
 
 
 @dataclass
@@ -97,8 +95,8 @@ class BufferActor(Actor):
     """``groups_per_step``: G of the admission rule, the groups consumed per policy version —
     ``rollout_batch_size × update_weights_interval`` when weights sync every N steps (passing
     only the batch size there would block admission until the next sync: a deadlock in sync
-    mode). ``max_staleness`` overrides the config's (the train mode implies 0 for sync, 1 for
-    one-step-off); ``version``: the policy version at start."""
+    mode). ``config`` is final: its ``max_staleness`` is the bound in force (``RunConfig.resolve``
+    sets the one the train mode implies); ``version``: the policy version at start."""
 
     name = "buffer"
 
@@ -107,18 +105,14 @@ class BufferActor(Actor):
         config: BufferConfig,
         *,
         groups_per_step: int,
-        max_staleness: int | None = _FROM_CONFIG,
         version: int = 0,
         name: str | None = None,
     ):
         super().__init__(name)
-        config.validate()
         if groups_per_step <= 0:
             raise ValueError(f"groups_per_step must be > 0, got {groups_per_step}")
         self.capacity = config.buffer_capacity
-        self.max_staleness = config.max_staleness if max_staleness is _FROM_CONFIG else max_staleness
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0 or None, got {self.max_staleness}")
+        self.max_staleness = config.max_staleness
         self.mask_offpolicy = config.mask_offpolicy_in_partial_rollout
         self.groups_per_step = groups_per_step
         self.version = version

@@ -20,7 +20,6 @@ from pathlib import Path
 from actors.buffer import BufferActor
 from actors.critic.config import critic_checkpoint, critic_trainer_config
 from actors.engine.fleet import build_fleet
-from actors.loop.batching import needs_reference
 from actors.loop.placement import export_dir_check, in_cluster
 from actors.loop.checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
 from actors.loop.critic import uses_critic
@@ -46,6 +45,7 @@ log = logging.getLogger("slime_async")
 
 
 def run_train(config: RunConfig) -> int:
+    """Run ``config`` (resolved: ``parse_run_config``) to the end; the exit code."""
     # Absolute: the trainer's torchrun and the engines run in other directories than the user's.
     run_dir = Path(config.cluster.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -123,24 +123,17 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         ChildSpec("engines", lambda: spawn(Supervisor(
             "engines", fleet.children, max_restarts=config.cluster.supervisor_max_restarts,
             max_seconds=config.cluster.supervisor_max_seconds))),
-        ChildSpec("router", lambda: spawn(RouterActor(_router_config(config), fleet.urls,
+        ChildSpec("router", lambda: spawn(RouterActor(config.router, fleet.urls,
                                                       api_key=config.engine.engine_api_key,
                                                       model=_text_model(config, tokenizer)))),
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps,
                                                         resume_step=_resume_step(config, restarts)))),
-        # The staleness rule counts groups per *version*: a sync every N steps consumes N steps' groups.
-        # Over-sampling admits more groups per version than a step trains, so groups the dynamic
-        # filter drops are already replaced; surplus that outlives the bound is dropped as stale.
-        ChildSpec("buffer", lambda: spawn(BufferActor(
-            config.buffer,
-            groups_per_step=(r.over_sampling_batch_size or r.rollout_batch_size) * config.train.update_weights_interval,
-            # Without training the policy never changes: only capacity paces a rollout-only run.
-            max_staleness=None if config.train.debug_rollout_only else config.max_staleness))),
+        ChildSpec("buffer", lambda: spawn(BufferActor(config.buffer, groups_per_step=config.groups_per_version))),
     ]
     if not config.train.debug_rollout_only:
         # PPO's critic is a second torchrun group of the same actor (one RPC agent per process).
         critic = critic_trainer_config(config.trainer, config.critic) if uses_critic(config.algorithm) else None
-        specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), logs, critic=critic,
+        specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, logs, critic=critic,
                                                                      critic_first_gpu=critic_first_gpu,
                                                                      nodes=cluster.nodes))))
 
@@ -215,20 +208,6 @@ def _text_model(config: RunConfig, tokenizer) -> TextModel:
                           tool_parser=config.router.router_tool_parser)
 
 
-def _router_config(config: RunConfig):
-    """The router's section; its per-call timeout defaults to --engine-request-timeout."""
-    if config.router.router_request_timeout is None:
-        return replace(config.router, router_request_timeout=config.engine.engine_request_timeout)
-    return config.router
-
-
-def _trainer_config(config: RunConfig):
-    """The trainer's section, with the frozen reference on when the loss or advantages need it."""
-    if needs_reference(config.algorithm) and not config.trainer.use_reference:
-        return replace(config.trainer, use_reference=True)
-    return config.trainer
-
-
 def _resume_step(config: RunConfig, restarts: int) -> int | None:
     """The first step this attempt logs when it repeats steps already logged in the run dir:
     TensorBoard hides the earlier attempt's points from there on."""
@@ -249,6 +228,6 @@ async def _trainer_only(config: RunConfig, run_dir: Path, total_steps: int, main
     """A tree of just the monitor and the trainer, running ``main(root)``."""
     root = Supervisor("slime-async-trainer", [
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps or None))),
-        ChildSpec("trainer", lambda: spawn(TrainerActor(_trainer_config(config), run_dir / "logs", nodes=cluster.nodes))),
+        ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, run_dir / "logs", nodes=cluster.nodes))),
     ], max_restarts=0, max_seconds=1)
     return await run_supervised(root, main)

@@ -19,11 +19,11 @@ async def replay_loop(config: RunConfig, *, trainer: ActorRef, monitor: ActorRef
     for step, groups in load_groups(config.train.load_debug_rollout_data):
         started = time.monotonic()
         # Each dumped batch was trained at version step - 1 (one weight sync per step).
-        temperature = config.rollout.rollout_temperature or 1.0
+        temperature = config.rollout.logprob_temperature
         ref_logprobs, old_logprobs = await advantage_logprobs(trainer, groups, config.algorithm, temperature)
         # The dump holds the samples as generated: the off-policy mask is recomputed as the run did.
         batch, metrics = build_train_batch(groups, config.algorithm, train_version=step - 1, temperature=temperature,
-                                           max_staleness=config.max_staleness,
+                                           max_staleness=config.buffer.max_staleness,
                                            mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout,
                                            ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
         train_metrics = await trainer.ask("train_step", batch, config.algorithm,

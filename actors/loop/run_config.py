@@ -1,12 +1,15 @@
 """The config of a training run: one typed section per component.
 
 Each actor receives only its own section (no global ``args``). Cross-section rules that no
-single section can check live in ``RunConfig.validate``.
+single section can check live in ``RunConfig.validate``; every value one section derives from
+another (the staleness bound the mode implies, the router's default timeout, ...) is computed
+once, by ``RunConfig.resolve``, which ``parse_run_config`` applies: launch hands the finished
+sections out as they are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -40,14 +43,16 @@ class RunConfig:
 
     def validate(self) -> None:
         rollout, train = self.rollout, self.train
-        self._resolve_global_batch_size()
+        self._check_global_batch_size()
         if not train.debug_train_only and not rollout.prompt_data:  # a replay needs no prompts
             raise ValueError("--prompt-data is required (a .jsonl or .parquet file of prompts)")
         if not train.debug_rollout_only and not self.trainer.hf_checkpoint:
             raise ValueError("--hf-checkpoint is required (the HF model directory to train)")
         if self.engine.engine_type == "external" and not self.engine.rollout_external_engine_addrs:
             raise ValueError("--engine-type external needs --rollout-external-engine-addrs URL [URL ...]")
-        if self.buffer.max_staleness is not None and train.train_mode != "fully-async":
+        implied = _MODE_STALENESS.get(train.train_mode)
+        # A resolved config (config.yaml of a run) holds the implied value, and loads back.
+        if self.buffer.max_staleness not in (None, implied) and train.train_mode != "fully-async":
             raise ValueError(f"--max-staleness applies to --train-mode fully-async, not {train.train_mode} "
                              "(sync is staleness 0, one-step-off is 1)")
         if self.buffer.buffer_capacity < rollout.rollout_batch_size:
@@ -59,7 +64,7 @@ class RunConfig:
             raise ValueError("--actor-num-nodes > 1 with --advantage-estimator ppo: PPO's critic group runs on "
                              "the head's node only (not yet across nodes)")
 
-    def _resolve_global_batch_size(self) -> None:
+    def _check_global_batch_size(self) -> None:
         """--num-steps-per-rollout sets --global-batch-size (as in slime); both must split a rollout
         evenly, and a global batch must split evenly over DP ranks × --micro-batch-size."""
         rollout, trainer = self.rollout, self.trainer
@@ -72,8 +77,7 @@ class RunConfig:
             if trainer.global_batch_size is not None and trainer.global_batch_size != samples // steps:
                 raise ValueError(f"--global-batch-size ({trainer.global_batch_size}) disagrees with {rollout_flags} "
                                  f"/ --num-steps-per-rollout ({steps}) = {samples // steps}; set only one")
-            trainer.global_batch_size = samples // steps
-        gbs = trainer.global_batch_size
+        gbs = self._global_batch_size()
         if gbs is None:
             return
         if gbs < 1 or samples % gbs != 0:
@@ -85,10 +89,44 @@ class RunConfig:
         if gbs < dp:  # a token budget (--max-tokens-per-gpu) only needs a sample per DP rank
             raise ValueError(f"--global-batch-size ({gbs}) must be at least the data-parallel ranks ({dp})")
 
+    def _global_batch_size(self) -> int | None:
+        steps = self.trainer.num_steps_per_rollout
+        if steps is None:
+            return self.trainer.global_batch_size
+        return self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt // steps
+
+    def resolve(self) -> RunConfig:
+        """The finished config: each value derived from other flags, computed here once, after
+        ``validate``. Idempotent, so a resolved config (the run's config.yaml) loads back to itself."""
+        from actors.loop.batching import needs_reference  # imports torch: not for `--help`
+
+        train = self.train
+        # The bound the buffer enforces: sync 0, one-step-off 1, fully-async the flag (None: unbounded).
+        # Without training the policy never changes: only capacity paces a rollout-only run.
+        max_staleness = None if train.debug_rollout_only else _MODE_STALENESS.get(train.train_mode,
+                                                                                   self.buffer.max_staleness)
+        router_timeout = self.router.router_request_timeout
+        return replace(
+            self,
+            buffer=replace(self.buffer, max_staleness=max_staleness),
+            trainer=replace(self.trainer, global_batch_size=self._global_batch_size(),
+                            use_reference=self.trainer.use_reference or needs_reference(self.algorithm)),
+            router=replace(self.router, router_request_timeout=(
+                self.engine.engine_request_timeout if router_timeout is None else router_timeout)),
+        )
+
     @property
-    def max_staleness(self) -> int | None:
-        """The staleness bound the mode implies: sync 0, one-step-off 1, fully-async the flag."""
-        return {"sync": 0, "one-step-off": 1}.get(self.train.train_mode, self.buffer.max_staleness)
+    def groups_per_version(self) -> int:
+        """The groups the buffer's admission rule counts per policy version (G of
+        ``policies.staleness``): a sync every N steps consumes N steps' groups, and over-sampling
+        admits more groups per version than a step trains, so groups the dynamic filter drops are
+        already replaced (surplus that outlives the bound is dropped as stale)."""
+        r = self.rollout
+        return (r.over_sampling_batch_size or r.rollout_batch_size) * self.train.update_weights_interval
+
+
+# The staleness each mode implies; fully-async takes --max-staleness.
+_MODE_STALENESS = {"sync": 0, "one-step-off": 1}
 
 
 def _megatron_extra() -> tuple[type, ...]:
@@ -103,5 +141,6 @@ SCHEMA = Schema(RunConfig, megatron_section="trainer", sglang_section="engine", 
 
 
 def parse_run_config(argv: list[str]) -> RunConfig:
+    """The validated, resolved config of ``slime-async train ARGV``."""
     return load_config(SCHEMA, argv, prog="slime-async train",
-                       description="RL training: rollout on SGLang / CPU engines, Megatron-core trainer ranks.")
+                       description="RL training: rollout on SGLang / CPU engines, Megatron-core trainer ranks.").resolve()

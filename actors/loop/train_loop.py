@@ -67,13 +67,13 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
             if groups is None:
                 log.warning("prompt data ran out after %d of %d steps", step, h.total_steps)
                 break
-            temperature = rollout_cfg.rollout_temperature or 1.0
+            temperature = rollout_cfg.logprob_temperature
             ref_logprobs = old_logprobs = None
             if h.trainer is not None:
                 ref_logprobs, old_logprobs = await advantage_logprobs(h.trainer, groups, spec, temperature)
             values = await critic_values(h.trainer, groups, temperature) if h.trainer and uses_critic(spec) else None
             batch, metrics = build_train_batch(
-                groups, spec, train_version=version, temperature=temperature, max_staleness=config.max_staleness,
+                groups, spec, train_version=version, temperature=temperature, max_staleness=config.buffer.max_staleness,
                 mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout, ref_logprobs=ref_logprobs,
                 old_logprobs=old_logprobs, values=values, lambd=config.critic.lambd)
             if config.train.save_debug_rollout_data:

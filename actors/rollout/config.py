@@ -78,6 +78,12 @@ class RolloutConfig:
     eval_temperature: float = field(default=0.0, metadata=_help("eval sampling temperature; 0 = greedy"))
     eval_max_response_len: int | None = field(default=None, metadata=_help("defaults to --rollout-max-response-len"))
 
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the trainer's logprobs use: the sampling one, so that they match the
+        engine's; 1 for greedy sampling (0), whose logprobs are those of the plain softmax."""
+        return self.rollout_temperature or 1.0
+
     def validate(self) -> None:
         positive = ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len", "rollout_concurrency",
                     "num_epoch", "n_samples_per_eval_prompt")

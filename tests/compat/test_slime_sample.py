@@ -99,8 +99,8 @@ async def test_a_sample_with_an_extra_attribute_survives_a_checkpoint_round_trip
     sample.append_response_tokens(None, tokens=[5], log_probs=[-0.1], meta_info=model_turn([5]))
     sample.tool_call_count = 2
     sample.reward = 1.0
-    buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=4), groups_per_step=1, max_staleness=None))
-    restored = await spawn(BufferActor(BufferConfig(buffer_capacity=4), groups_per_step=1, max_staleness=None))
+    buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=4), groups_per_step=1))
+    restored = await spawn(BufferActor(BufferConfig(buffer_capacity=4), groups_per_step=1))
     try:
         await buffer.ask("reserve")
         await buffer.ask("put", [sample])

@@ -129,12 +129,6 @@ def test_missing_required_inputs_are_named():
         parse_run_config(["--hf-checkpoint", "m"])
 
 
-def test_mode_sets_the_staleness_bound():
-    assert parse_run_config([*REQUIRED, "--train-mode", "sync"]).max_staleness == 0
-    assert parse_run_config([*REQUIRED, "--train-mode", "one-step-off"]).max_staleness == 1
-    assert parse_run_config([*REQUIRED, "--train-mode", "fully-async", "--max-staleness", "3"]).max_staleness == 3
-
-
 def test_the_resolved_config_round_trips_through_config_yaml(tmp_path):
     config = parse_run_config([*REQUIRED, "--lr", "1e-5", "--sglang-log-level", "warning"])
     dump_config(config, tmp_path / "config.yaml")

@@ -41,7 +41,7 @@ class ListDataset:
 async def test_a_prompt_never_leaves_the_cursor_without_being_in_flight():
     dataset = ListDataset(8)
     router = await spawn(NeverAnsweringRouter())
-    buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=8), groups_per_step=1, max_staleness=None))
+    buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=8), groups_per_step=1))
     # Two samples per prompt and four generations at a time: two group slots.
     config = RolloutConfig(prompt_data="unused.jsonl", rollout_batch_size=1, n_samples_per_prompt=2,
                            rollout_concurrency=4)

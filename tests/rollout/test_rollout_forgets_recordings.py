@@ -40,7 +40,7 @@ class OnePrompt:
 
 async def test_the_sessions_a_failed_group_opened_are_ended():
     router = await spawn(SessionRecordingRouter())
-    buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=4), groups_per_step=1, max_staleness=None))
+    buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=4), groups_per_step=1))
     config = RolloutConfig(prompt_data="unused.jsonl", rollout_batch_size=1, n_samples_per_prompt=2,
                            custom_generate_function_path=f"{__name__}:agent_that_fails_midway")
     rollout = await spawn(RolloutActor(config, router=router, buffer=buffer, dataset=OnePrompt(), tokenizer=None))
