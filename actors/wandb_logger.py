@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 # How long closing waits for wandb.finish (online: the last upload) before the run goes on
 # stopping; whatever was not uploaded stays in the run's .wandb file for `wandb sync`.
 FINISH_TIMEOUT_S = 120.0
-# Where the logger keeps its run id, so that a restart or a resume into the same run directory
-# continues the same wandb run instead of starting a new one.
+# The file in the run directory (not in --wandb-dir, which several runs may share) that keeps the
+# wandb run id, so that a restart or a resume into the same run directory continues that wandb run.
 RUN_ID_FILE = "wandb-run-id"
 
 
@@ -105,8 +105,7 @@ class WandbLogger:
             dir=str(self.dir), config=self._run_config(), settings=wandb.Settings(**settings))
         self._run.define_metric("step")
         self._run.define_metric("*", step_metric="step")
-        (self.dir / "wandb").mkdir(exist_ok=True)
-        (self.dir / "wandb" / RUN_ID_FILE).write_text(self._run.id + "\n")
+        (self.run_dir / RUN_ID_FILE).write_text(self._run.id + "\n")
 
     def _finish(self, exit_code: int) -> None:
         import wandb
@@ -118,7 +117,7 @@ class WandbLogger:
         wandb.teardown(exit_code)
 
     def _saved_run_id(self) -> str | None:
-        path = self.dir / "wandb" / RUN_ID_FILE
+        path = self.run_dir / RUN_ID_FILE
         if not self.resume or not path.is_file():
             return None
         return path.read_text().strip() or None

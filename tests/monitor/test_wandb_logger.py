@@ -85,12 +85,14 @@ async def test_a_monitor_that_fails_finishes_its_wandb_run_as_failed(tmp_path):
     assert the_record(path, "run").display_name == tmp_path.name  # none given: the run directory's name
 
 
-async def test_a_resumed_run_logs_to_the_wandb_run_it_logged_to_before(tmp_path):
-    config = MonitorConfig(use_wandb=True)
-    await run_monitor(tmp_path, [(1, {"train/loss": 0.5})], config)
-    await run_monitor(tmp_path, [(1, {"train/loss": 0.4})], config, resume_step=1)
-    first, resumed = run_files(tmp_path / "wandb")
+async def test_a_resumed_run_logs_to_the_wandb_run_it_logged_to_before_and_a_new_one_starts_a_new_run(tmp_path):
+    config = MonitorConfig(use_wandb=True, wandb_dir=str(tmp_path / "shared"))
+    await run_monitor(tmp_path / "run", [(1, {"train/loss": 0.5})], config)
+    await run_monitor(tmp_path / "run", [(1, {"train/loss": 0.4})], config, resume_step=1)
+    await run_monitor(tmp_path / "run", [(1, {"train/loss": 0.3})], config)
+    first, resumed, new = run_files(tmp_path / "shared" / "wandb")
     assert the_record(resumed, "run").run_id == the_record(first, "run").run_id
+    assert the_record(new, "run").run_id != the_record(first, "run").run_id
     assert history(resumed) == [{"step": 1, "train/loss": 0.4}]
 
 

@@ -23,8 +23,9 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
 def run_files(wandb_dir: Path) -> list[Path]:
-    """The ``.wandb`` files of the offline runs under ``wandb_dir`` (the folder named wandb/), oldest first."""
-    return sorted(wandb_dir.glob("offline-run-*/run-*.wandb"))
+    """The ``.wandb`` files of the offline runs under ``wandb_dir`` (the folder named wandb/), in
+    the order the runs ended (the folders are named by start second and id, not in order)."""
+    return sorted(wandb_dir.glob("offline-run-*/run-*.wandb"), key=lambda path: path.stat().st_mtime_ns)
 
 
 def records(path: Path) -> Iterator[Any]:
