@@ -90,6 +90,8 @@ class WandbLogger:
         settings: dict[str, Any] = {
             # wandb would otherwise wrap stdout/stderr: the progress bar and our log lines stay ours.
             "console": "off",
+            # Its start lines (where the run is) stay; the ~35-line history summary at the end goes.
+            "quiet": True,
             # More than one run per process (tests, a restarted attempt) without finishing another.
             "reinit": "create_new",
         }
