@@ -14,6 +14,7 @@ from actors.engine.external import discover_external_engine
 from actors.engine.sglang import assign_engine_gpus, sglang_process_spec
 from slime_async.actor import spawn
 from slime_async.cluster.nodes import LocalNode, Node
+from slime_async.net import free_port
 from slime_async.process import ProcessSpec, http_ready
 from slime_async.supervisor import ChildSpec
 from slime_async.weight_group import nccl_env_defaults
@@ -88,7 +89,10 @@ async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, g
     for index, ((base_gpu, tp_size), node) in enumerate(zip(placements, placed)):
         # One node: --engine-host as before; several: each engine listens on its node's address.
         host = node.address if multi_node else config.engine_host
-        port = config.engine_base_port + index if config.engine_base_port else await node.free_port()
+        if config.engine_base_port:
+            port = config.engine_base_port + index
+        else:  # free where the engine binds: on its node (through the agent) or at --engine-host here
+            port = await node.free_port() if multi_node else free_port(host)
         name = f"engine-{index}"
         if kind == "cpu":
             spec = cpu_engine_spec(name, model_path, host, port, config)
