@@ -34,6 +34,7 @@ from actors.trainer.dp_split import split_across_dp, split_into_global_batches
 from actors.trainer.protocol import RankInfo, SampleLogprobs, WeightGroupSpec
 from policies.loss_spec import LossSpec
 from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
+from slime_async.child_env import PACKAGES_ROOT, child_pythonpath
 from slime_async.batch import Batch
 from slime_async.cluster.nodes import LocalNode, Node
 from slime_async.process import ProcessChild, ProcessExited, ProcessSpec, log_tail
@@ -43,7 +44,6 @@ from slime_async.weight_group import nccl_env_defaults
 
 log = logging.getLogger(__name__)
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # How long to let torchrun write its failure summary after a rank died, before reporting.
 _DEATH_REPORT_GRACE = 5.0
@@ -198,7 +198,7 @@ class TrainerActor(Actor):
             # RPC rank 0 is the supervisor, then the policy's ranks, then the critic's.
             "--rpc-rank-offset", str(1 + (self.num_ranks if critic else 0)),
         ]
-        pythonpath = os.pathsep.join(p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        pythonpath = child_pythonpath()
         env = {"PYTHONPATH": pythonpath, **nccl_env_defaults()}
         if self.config.trainer_num_threads:
             env["OMP_NUM_THREADS"] = str(self.config.trainer_num_threads)
@@ -207,7 +207,7 @@ class TrainerActor(Actor):
             env["CUDA_VISIBLE_DEVICES"] = _gpus_after(self.critic_first_gpu, config.num_ranks(True))
         node = f"-node{node_rank}" if node_rank else ""
         return ProcessSpec(name=f"{self.name}{'-critic' if critic else ''}-torchrun{node}", argv=argv, env=env,
-                           cwd=str(_REPO_ROOT))
+                           cwd=str(PACKAGES_ROOT))
 
     async def on_start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)

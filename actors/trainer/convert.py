@@ -15,16 +15,15 @@ model's sharded state dict, so it loads at any TP. Layout of a Megatron checkpoi
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from slime_async.child_env import child_env
+
 MODEL_SUBDIR = "model"
 HF_METADATA_SUBDIR = "hf"
-
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def hf_to_megatron(hf_checkpoint: str | Path, save_dir: str | Path, tp: int = 1) -> None:
@@ -56,9 +55,7 @@ def _launch(tp: int, worker_args: list[str]) -> None:
         "-m", "actors.trainer.convert", "--worker", *worker_args,
         "--tensor-model-parallel-size", str(tp),
     ]
-    # The ranks import this repository's packages whether or not it is pip-installed.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(cmd, env=env)
+    proc = subprocess.run(cmd, env=child_env())
     if proc.returncode != 0:
         raise RuntimeError(
             f"convert {worker_args[0]} failed: torchrun exited with {proc.returncode} "

@@ -17,9 +17,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from slime_async.child_env import PACKAGES_ROOT, child_env
 from slime_async.process import log_tail
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class LocalEngineError(RuntimeError):
@@ -33,8 +32,7 @@ def start_local_engine(
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "actors.engine.cpu", "--model-path", str(model_dir), "--port", "0", *extra_args],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            stdout=log, stderr=subprocess.STDOUT, cwd=PACKAGES_ROOT, env=child_env(),
             start_new_session=True,  # its own process group, so stopping reaches everything it spawned
         )
     deadline = time.monotonic() + timeout

@@ -31,6 +31,7 @@ from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
 from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
 from actors.engine.cpu.scheduler import PAUSE_MODES, Request, Scheduler, SchedulerConfig
 from slime_async.net import serve_until_signalled
+from slime_async.runtime import run as run_event_loop
 from slime_async.weight_delta import codec as weight_codec
 from slime_async.weight_delta import receiver as weight_delta
 from slime_async.weight_group import destroy_custom_process_group, init_custom_process_group
@@ -536,13 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(args.num_threads)
     try:
-        import uvloop
-
-        run = uvloop.run
-    except ImportError:
-        run = asyncio.run
-    try:
-        return run(serve(args))
+        return run_event_loop(lambda: serve(args))  # uvloop when installed, as the supervisor's
     except ModelDirError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
