@@ -26,7 +26,10 @@ that still ends up too old (e.g. a step that consumed fewer groups) is caught by
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only annotations: the buffer's config imports this module, and the CLI's help not torch
+    import torch
 
 
 def max_admissible_groups(version: int, max_staleness: int, groups_per_step: int) -> int:

@@ -18,10 +18,12 @@ import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+# torch, tokenizers and transformers load inside the functions that use them: importing this
+# module (`slime-async init-tiny-model --help`, the spec's constants) should not cost seconds.
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 ARCHS = ("qwen2", "llama", "qwen3")
 
@@ -155,6 +157,9 @@ def train_tokenizer(vocab_size: int, seed: int, corpus: Sequence[str] | None = N
     ``corpus`` (lines of text) replaces the generated one, so a task's own text — code, tags,
     tool output — gets merges of its own; byte-level BPE still encodes any text.
     """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -182,6 +187,8 @@ def train_tokenizer(vocab_size: int, seed: int, corpus: Sequence[str] | None = N
 
 
 def _model_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
     common = dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
@@ -244,6 +251,9 @@ def build_tiny_model(
     if len(tokenizer) > spec.vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than --vocab-size {spec.vocab_size}")
     config = _model_config(spec, tokenizer)
+
+    import torch
+    from transformers import AutoModelForCausalLM
 
     # Seed a private generator state so building a model does not disturb the caller's RNG.
     with torch.random.fork_rng(devices=[]):

@@ -5,10 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from actors.engine.sglang import RUNTIME_OWNED_SGLANG_FIELDS
 from slime_async.config.flags import field_help as _help
 
 EngineType = Literal["auto", "sglang", "cpu", "external"]
+
+# Fields the runtime sets on every engine it launches, and the flag (or mechanism) that sets
+# each one. The config validator rejects `--sglang-<field>` for these, naming the flag to use.
+# Defined here rather than in sglang.py (which uses it) so that the config, and with it
+# `slime-async train --help`, does not import the process layer (aiohttp).
+RUNTIME_OWNED_SGLANG_FIELDS: dict[str, str] = {
+    "model_path": "--hf-checkpoint (the policy the trainer serves)",
+    "host": "--engine-host",
+    "port": "--engine-base-port (one port per engine)",
+    "tp_size": "--rollout-num-gpus-per-engine",
+    "base_gpu_id": "--rollout-num-gpus / --rollout-num-gpus-per-engine (GPU assignment)",
+    "nccl_port": "the runtime (a free port per engine)",
+    "dist_init_addr": "the runtime (single-node engines)",
+    "skip_tokenizer_init": "the runtime (it always sends token ids)",
+}
 
 
 @dataclass

@@ -13,20 +13,8 @@ import json
 import sys
 from collections.abc import Mapping
 
+from actors.engine.config import RUNTIME_OWNED_SGLANG_FIELDS
 from slime_async.process import ProcessSpec, http_ready
-
-# Fields the runtime sets on every engine it launches, and the flag (or mechanism) that sets
-# each one. The config validator rejects `--sglang-<field>` for these, naming the flag to use.
-RUNTIME_OWNED_SGLANG_FIELDS: dict[str, str] = {
-    "model_path": "--hf-checkpoint (the policy the trainer serves)",
-    "host": "--engine-host",
-    "port": "--engine-base-port (one port per engine)",
-    "tp_size": "--rollout-num-gpus-per-engine",
-    "base_gpu_id": "--rollout-num-gpus / --rollout-num-gpus-per-engine (GPU assignment)",
-    "nccl_port": "the runtime (a free port per engine)",
-    "dist_init_addr": "the runtime (single-node engines)",
-    "skip_tokenizer_init": "the runtime (it always sends token ids)",
-}
 
 
 def build_sglang_argv(

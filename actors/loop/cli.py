@@ -9,13 +9,21 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import warnings
 from collections.abc import Callable
 
+from actors.loop.console_noise import quiet_python_warnings, quiet_torch_cpp_warnings
 from slime_async.config.flags import ConfigError
 
 
 def _serve_engine(argv: list[str]) -> int:
+    from actors.engine.cpu.config import parse_args
+
+    # --help and a bad flag or model directory answer before the server imports torch and transformers.
+    try:
+        parse_args(argv).validate()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     from actors.engine.cpu.server import main
 
     return main(argv)
@@ -52,19 +60,21 @@ def _agent(argv: list[str]) -> int:
 
 
 def _train(argv: list[str]) -> int:
-    # Importing megatron-core to generate its flags warns that TE/Apex are absent; the trainer ranks,
-    # which do use the fallbacks, still say so in their own log. Here it buried the one error line.
-    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    quiet_python_warnings()
+    # Light imports only until the config is known: `--help` and a config error need neither torch
+    # nor megatron-core's modules (--help-all and a full parse import megatron-core's configs).
     from slime_async.config.loader import preflight
     from actors.loop.run_config import parse_run_config
-    from actors.loop.launch import run_train
 
     try:
-        config = parse_run_config(argv)
-        preflight(config)  # paths and hooks: every config error fails here, before anything starts
+        with quiet_torch_cpp_warnings():  # torch loads here, with megatron-core's configs
+            config = parse_run_config(argv)
+            preflight(config)  # paths and hooks: every config error fails here, before anything starts
     except ConfigError as error:
         print(f"slime-async train: error: {error}", file=sys.stderr)
         return 2
+    from actors.loop.launch import run_train
+
     return run_train(config)
 
 
@@ -86,10 +96,11 @@ def top_level_parser() -> argparse.ArgumentParser:
         "(or embedded CPU) engines in one supervised asyncio process tree.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
-            "`slime-async train --help` lists every flag, grouped by section:\n"
-            "  cluster, rollout, algorithm, buffer, train, trainer, engine, router, monitor, checkpoint,\n"
-            "  megatron-core TransformerConfig / OptimizerConfig / DistributedDataParallelConfig (pass-through),\n"
-            "  SGLang ServerArgs (pass-through as --sglang-<field>)."
+            "`slime-async train --help` lists the project's flags, grouped by section (cluster, rollout,\n"
+            "  algorithm, buffer, train, trainer, critic, engine, router, monitor, checkpoint), and how to\n"
+            "  pass megatron-core's and SGLang's own options through; `slime-async train --help-all` lists\n"
+            "  every flag, megatron-core's TransformerConfig / OptimizerConfig / DistributedDataParallelConfig\n"
+            "  fields included. `slime-async COMMAND --help` for the other commands."
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

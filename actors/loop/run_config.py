@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from actors.buffer import BufferConfig
 from actors.critic.config import CriticConfig, check_run as check_critic_run
-from actors.engine.config import EngineConfig
-from actors.engine.sglang import RUNTIME_OWNED_SGLANG_FIELDS
+from actors.engine.config import RUNTIME_OWNED_SGLANG_FIELDS, EngineConfig
 from actors.loop.config import LoopConfig
 from actors.monitor import MonitorConfig
 from actors.rollout.config import RolloutConfig
@@ -82,6 +79,8 @@ class RunConfig:
             return
         if gbs < 1 or samples % gbs != 0:
             raise ValueError(f"{rollout_flags} must be a multiple of --global-batch-size ({gbs})")
+        import torch  # here, not at the top: `slime-async train --help` imports this module and not torch
+
         dp = trainer.data_parallel_size(torch.cuda.is_available())
         if trainer.micro_batch_size is not None and gbs % (trainer.micro_batch_size * dp) != 0:
             raise ValueError(f"--global-batch-size ({gbs}) must be a multiple of --micro-batch-size "

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from actors.rollout.hooks import check_hook, split_function_path
+from actors.rollout.hooks import check_hook, is_native_filter, load_function, split_function_path
 from policies.rewards import BUILTIN_REWARDS
 from policies.sampling_filters import BUILTIN_FILTERS
 from slime_async.config.paths import require_file
@@ -145,7 +144,10 @@ class RolloutConfig:
                        "rm(ctx, samples)" if self.group_rm else "rm(ctx, sample)")
         path = self.dynamic_sampling_filter_path
         if path and path not in BUILTIN_FILTERS:
-            check_hook(path, "--dynamic-sampling-filter-path", (1, 2), "fn(rewards) or fn(args, samples)")
+            # Called as fn(rewards) or, slime-style (first parameter `args`), as fn(args, samples).
+            native = is_native_filter(load_function(path, "--dynamic-sampling-filter-path"))
+            check_hook(path, "--dynamic-sampling-filter-path", (1,) if native else (2,),
+                       "fn(rewards)" if native else "fn(args, samples)")
 
     def eval_sets(self) -> dict[str, str]:
         """``{name: path}`` of --eval-prompt-data: one PATH is the unnamed set "" (metrics
@@ -168,9 +170,7 @@ class RolloutConfig:
         """The --custom-config-path mapping ({} without one)."""
         if not self.custom_config_path:
             return {}
-        path = Path(self.custom_config_path)
-        if not path.is_file():
-            raise ValueError(f"--custom-config-path {path}: no such file")
+        path = require_file(self.custom_config_path, "--custom-config-path")
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as error:

@@ -40,7 +40,13 @@ def load_function(path: str, flag: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"{flag}: cannot import module {module_name!r}: {error}") from None
+        hint = ""
+        missing = error.name if isinstance(error, ModuleNotFoundError) else None
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            # The hook's own module (or its package) is not on sys.path; a console script, unlike
+            # `python -m`, does not put the current directory there.
+            hint = " (hooks import from sys.path: add the directory that holds it to PYTHONPATH)"
+        raise ValueError(f"{flag}: cannot import module {module_name!r}: {error}{hint}") from None
     except Exception as error:  # noqa: BLE001 - the module itself is broken (SyntaxError, NameError, ...)
         raise ValueError(f"{flag}: importing module {module_name!r} failed: {type(error).__name__}: {error}") from None
     function = getattr(module, attr, None)
@@ -58,6 +64,12 @@ def hook_style(function: Callable[..., Any]) -> HookStyle:
     if first == "ctx" or not parameters:
         return "native"
     return "slime" if _imports_compat(function) else "native"
+
+
+def is_native_filter(function: Callable[..., Any]) -> bool:
+    """Whether a dynamic-sampling filter is called as ``fn(rewards)`` (one parameter, or a native
+    style) rather than as slime's ``fn(args, samples)``."""
+    return len(_positional_parameters(function)) == 1 or hook_style(function) == "native"
 
 
 def parameter_names(function: Callable[..., Any]) -> list[str]:

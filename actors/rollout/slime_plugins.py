@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from actors.rollout.config import RolloutConfig
 from actors.rollout.data import render_prompt
 from actors.rollout.generate import GenerationFailed
-from actors.rollout.hooks import hook_style, parameter_names
+from actors.rollout.hooks import hook_style, is_native_filter, parameter_names
 from policies.rewards import BUILTIN_REWARDS
 from slime_async.compat.slime.args import SlimeArgs
 from slime_async.compat.slime.rollout.filter_hub.base_types import as_filter_output
@@ -202,7 +202,7 @@ class SlimePlugins:
     def group_filter(self, fn: Callable[..., Any]) -> GroupFilter:
         """``keep(samples) -> (keep, reason)`` for a native ``fn(rewards) -> bool`` or slime's
         ``fn(args, samples) -> DynamicFilterOutput | bool``."""
-        if len(parameter_names(fn)) == 1 or hook_style(fn) == "native":
+        if is_native_filter(fn):
             return lambda samples: (bool(fn([s.reward for s in samples])), None)
 
         def slime_filter(samples: list[Sample]) -> tuple[bool, str | None]:

@@ -30,6 +30,7 @@ from slime_async.config.flags import (
     flag_name,
     suggest,
 )
+from slime_async.config.paths import require_file
 from slime_async.config.passthrough import (
     SGLANG_PREFIX,
     megatron_flags,
@@ -87,21 +88,42 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def build_parser(schema: Schema, prog: str, description: str = "") -> tuple[argparse.ArgumentParser, list[FieldFlag]]:
+HELP_ALL = "--help-all"
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: the help with every flag, built only when asked for (Megatron's flags come
+    from importing megatron-core, seconds that ``--help`` should not cost)."""
+
+    def __init__(self, option_strings, dest, full_help: Callable[[], str], **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+        self._full_help = full_help
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(self._full_help(), end="")
+        parser.exit()
+
+
+def build_parser(schema: Schema, prog: str, description: str = "", *,
+                 passthrough: bool = True) -> tuple[argparse.ArgumentParser, list[FieldFlag]]:
+    """The parser of ``schema``'s flags. ``passthrough=False`` leaves out the flags generated from
+    megatron-core (a summary stands in their place): the parser ``--help`` prints, which must
+    not import megatron-core or torch."""
     parser = _Parser(
         prog=prog,
         description=description,
-        epilog=(
-            f"SGLang pass-through: every sglang ServerArgs field as {SGLANG_PREFIX}<field> "
-            "(e.g. --sglang-mem-fraction-static 0.7), forwarded verbatim to sglang.launch_server."
-        ),
+        # argparse's own usage line lists every flag: hundreds of lines before the first group.
+        usage=f"%(prog)s [-h] [{HELP_ALL}] [--config FILE] [--FLAG VALUE ...] [{SGLANG_PREFIX}FIELD VALUE ...]",
     )
+    parser.add_argument(HELP_ALL, action=_HelpAll,
+                        full_help=lambda: build_parser(schema, prog, description)[0].format_help(),
+                        help="show every flag, megatron-core's pass-through included, and exit")
     parser.add_argument("--config", metavar="FILE", help="TOML or YAML config file; flags override it")
     flags = schema.own_flags()
     for section in schema.sections():
         group = parser.add_argument_group(f"{section}")
         add_flags(group, [f for f in flags if f.section == section])
-    if schema.megatron_section is not None:
+    if schema.megatron_section is not None and passthrough:
         own = {f.field for f in flags}
         mflags = [f for f in megatron_flags(schema.megatron_extra()) if f.field not in own]
         for group_name in MEGATRON_GROUPS:
@@ -109,11 +131,23 @@ def build_parser(schema: Schema, prog: str, description: str = "") -> tuple[argp
             group = parser.add_argument_group(title)
             add_flags(group, [f for f in mflags if f.help.startswith(f"[{group_name}]")])
         flags += mflags
+    elif schema.megatron_section is not None:
+        parser.add_argument_group(
+            f"megatron-core pass-through ({HELP_ALL} lists them)",
+            "every field of the installed megatron-core's TransformerConfig, OptimizerConfig and "
+            "DistributedDataParallelConfig as --<field-name> (--tensor-model-parallel-size 2 --lr 1e-6 "
+            "--clip-grad 1.0 --bf16; a [megatron] table in a config file), and Megatron-LM's LR-schedule "
+            "flags (--lr-warmup-iters, --lr-decay-style ...) and model flags (--num-layers, --swiglu ..., "
+            "checked against the HF config).",
+        )
     if schema.sglang_section is not None:
         parser.add_argument_group(
             "SGLang ServerArgs (pass-through)",
-            f"{SGLANG_PREFIX}<field> [VALUE ...] for every sglang ServerArgs field; runtime-owned "
-            "fields (model path, host, port, tp size, base gpu id, nccl port, dist init addr) are rejected.",
+            f"{SGLANG_PREFIX}<field> [VALUE ...] for every sglang ServerArgs field (e.g. "
+            f"{SGLANG_PREFIX}mem-fraction-static 0.7; a [sglang] table in a config file), forwarded verbatim "
+            "to sglang.launch_server; runtime-owned fields (model path, host, port, tp size, base gpu id, "
+            "nccl port, dist init addr) are rejected. sglang's own `python -m sglang.launch_server --help` "
+            "lists them.",
         )
     return parser, flags
 
@@ -123,7 +157,9 @@ def load_config(schema: Schema, argv: list[str], prog: str = "slime-async", desc
     rest, sglang_items = split_sglang_tokens(argv)
     if sglang_items and schema.sglang_section is None:
         raise ConfigError(f"{SGLANG_PREFIX}* flags are not accepted by {prog}")
-    parser, flags = build_parser(schema, prog, description)
+    # -h prints the project's groups and a summary of the pass-through, without importing megatron-core.
+    wants_help = any(token in ("-h", "--help") for token in rest)
+    parser, flags = build_parser(schema, prog, description, passthrough=not wants_help)
     namespace, unknown = parser.parse_known_args(rest)
     if unknown:
         option = next((u for u in unknown if u.startswith("-")), unknown[0])
@@ -159,9 +195,14 @@ def _merge(into: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> N
 
 
 def _read_file(path: Path, schema: Schema, by_field: dict[str, FieldFlag]) -> tuple[dict, dict]:
-    if not path.is_file():
-        raise ConfigError(f"--config {path}: no such file")
-    text = path.read_text()
+    try:
+        text = require_file(path, "--config").read_text()
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path}: not a UTF-8 text file") from None
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    except OSError as error:
+        raise ConfigError(f"--config {path}: {error.strerror}") from None
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)

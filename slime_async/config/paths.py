@@ -6,6 +6,7 @@ is spawned rather than as a traceback from deep inside a loader minutes later.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # What an HF model directory must hold for this runtime: transformers loads the architecture from
@@ -20,6 +21,8 @@ def require_file(path: str | Path, flag: str) -> Path:
         raise ValueError(f"{flag} {path}: no such file")
     if not candidate.is_file():
         raise ValueError(f"{flag} {path}: not a file")
+    if not os.access(candidate, os.R_OK):
+        raise ValueError(f"{flag} {path}: not readable (permission denied)")
     return candidate
 
 
@@ -29,6 +32,8 @@ def require_dir(path: str | Path, flag: str) -> Path:
         raise ValueError(f"{flag} {path}: no such directory")
     if not candidate.is_dir():
         raise ValueError(f"{flag} {path}: not a directory")
+    if not os.access(candidate, os.R_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: not readable (permission denied)")
     return candidate
 
 

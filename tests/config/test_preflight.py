@@ -35,6 +35,12 @@ HOOKS = textwrap.dedent('''
 
     def filter_three(a, b, c):
         return True
+
+    def filter_ctx_rewards(ctx, rewards):  # native style (first parameter not `args`): called fn(rewards)
+        return True
+
+    def slime_filter(args, samples):
+        return True
 ''')
 
 
@@ -45,6 +51,9 @@ def files(tmp_path_factory):
     (root / "prompts.jsonl").write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
     (root / "preflight_hooks.py").write_text(HOOKS)
     (root / "preflight_broken.py").write_text("def rm(ctx, sample)\n    return 1.0\n")
+    (root / "preflight_needs_missing_dep.py").write_text("import no_such_dependency_xyz\n\ndef rm(ctx, sample):\n"
+                                                         "    return 1.0\n")
+    (root / "settings.bin").write_bytes(b"\xff\xfe\x00config")
     no_tokenizer = root / "no_tokenizer"
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
@@ -104,9 +113,39 @@ CASES = {
     "rollout_function_wrong_signature": (["--rollout-function-path", "preflight_hooks:rm"],
                                          r"--rollout-function-path .*rollout_group\(ctx, samples, sampling_params\)"),
     "filter_wrong_signature": (["--dynamic-sampling-filter-path", "preflight_hooks:filter_three"],
-                               r"--dynamic-sampling-filter-path .*fn\(rewards\) or fn\(args, samples\)"),
-    "rm_type_unknown": (["--rm-type", "deepscaler"], r"--rm-type 'deepscaler' is not a built-in reward"),
+                               r"--dynamic-sampling-filter-path .*filter_three\(a, b, c\) .*: fn\(rewards\)$"),
+    "filter_native_with_two_parameters": (["--dynamic-sampling-filter-path", "preflight_hooks:filter_ctx_rewards"],
+                                          r"--dynamic-sampling-filter-path .*filter_ctx_rewards\(ctx, rewards\) does "
+                                          r"not take the arguments it will be called with: fn\(rewards\)"),
+    "rm_type_unknown": (["--rm-type", "deepscaler"],
+                        r"--rm-type 'deepscaler' is not a built-in reward: choose one of math, exact, f1"),
     "config_file_missing": (["--config", "{root}/nowhere.toml"], r"--config \S+/nowhere.toml: no such file"),
+    "config_file_a_directory": (["--config", "{root}/empty"], r"--config \S+/empty: not a file"),
+    "config_file_not_text": (["--config", "{root}/settings.bin"], r"--config \S+/settings.bin: not a UTF-8 text file"),
+    "prompt_data_a_directory": (["--prompt-data", "{root}/empty"], r"--prompt-data \S+/empty: not a file"),
+    "hf_checkpoint_a_file": (["--hf-checkpoint", "{root}/prompts.jsonl"], r"--hf-checkpoint \S+: not a directory"),
+    "critic_load_missing": (["--advantage-estimator", "ppo", "--critic-load", "{root}/nowhere"],
+                            r"--critic-load \S+/nowhere: no critic checkpoint there"),
+    "load_debug_rollout_data_missing": (["--debug-train-only", "--load-debug-rollout-data", "{root}/nowhere"],
+                                        r"--load-debug-rollout-data \S+/nowhere: no such directory"),
+    "custom_config_path_missing": (["--custom-config-path", "{root}/nowhere.yaml"],
+                                   r"--custom-config-path \S+/nowhere.yaml: no such file"),
+    "custom_config_path_a_directory": (["--custom-config-path", "{root}/empty"],
+                                       r"--custom-config-path \S+/empty: not a file"),
+    "rm_module_not_on_the_path": (["--custom-rm-path", "not_on_sys_path:rm"],
+                                  r"--custom-rm-path: cannot import module 'not_on_sys_path'.*add the directory that "
+                                  r"holds it to PYTHONPATH"),
+    "rm_dependency_missing": (["--custom-rm-path", "preflight_needs_missing_dep:rm"],
+                              r"--custom-rm-path: cannot import module 'preflight_needs_missing_dep': No module named "
+                              r"'no_such_dependency_xyz'$"),
+    "generate_not_importable": (["--custom-generate-function-path", "no_such_module.generate"],
+                                r"--custom-generate-function-path: cannot import module 'no_such_module'"),
+    "rollout_function_not_importable": (["--rollout-function-path", "no_such_module:rollout"],
+                                        r"--rollout-function-path: cannot import module 'no_such_module'"),
+    "filter_not_importable": (["--dynamic-sampling-filter-path", "no_such_module:keep"],
+                              r"--dynamic-sampling-filter-path: cannot import module 'no_such_module'"),
+    "hook_path_without_a_function": (["--custom-rm-path", "preflight_hooks"],
+                                     r"--custom-rm-path: expected package.module:function or package.module.function"),
 }
 
 
@@ -128,11 +167,26 @@ def test_a_builtin_filter_needs_no_import(files):
     check(base(files) + ["--dynamic-sampling-filter-path", "nonuniform"])
 
 
-@pytest.mark.slow  # three `slime-async train` processes (~5 s each on an idle 2-core machine)
+def test_slimes_two_argument_filter_passes(files):
+    check(base(files) + ["--dynamic-sampling-filter-path", "preflight_hooks:slime_filter"])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_an_unreadable_prompt_file_is_named(files, tmp_path):
+    locked = tmp_path / "locked.jsonl"
+    locked.write_text(files["prompts"].read_text())
+    locked.chmod(0)
+    with pytest.raises(ConfigError, match=r"--prompt-data \S+/locked.jsonl: not readable"):
+        check(base(files) + ["--prompt-data", str(locked)])
+
+
+@pytest.mark.slow  # five `slime-async train` processes (~5 s each on an idle 2-core machine)
 @pytest.mark.parametrize("extra, flag", [
     (["--hf-checkpoint", "{root}/nowhere"], "--hf-checkpoint"),
     (["--lr", "-0.001"], "--lr"),
     (["--custom-rm-path", "preflight_hooks:rm_without_sample"], "--custom-rm-path"),
+    (["--custom-generate-function-path", "no_such_module:generate"], "--custom-generate-function-path"),
+    (["--rm-type", "deepscaler"], "--rm-type"),
 ])
 def test_slime_async_train_exits_2_with_one_line_before_starting_anything(files, extra, flag):
     run_dir = files["root"] / f"run-{flag.strip('-')}"
@@ -143,4 +197,5 @@ def test_slime_async_train_exits_2_with_one_line_before_starting_anything(files,
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("slime-async train: error:") and flag in lines[0], result.stderr
+    assert result.stdout == ""  # not even the config: it is printed once the run starts
     assert not run_dir.exists()  # the run never started: no run dir, no config dump, no children

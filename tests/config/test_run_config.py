@@ -1,8 +1,5 @@
 """The run config: files, flags, pass-through, validation — all before anything is spawned."""
 
-import subprocess
-import sys
-
 import pytest
 import yaml
 
@@ -136,25 +133,3 @@ def test_the_resolved_config_round_trips_through_config_yaml(tmp_path):
     assert saved == config_to_dict(config)
     assert saved["trainer"]["megatron"] == {"lr": 1e-5}
     assert saved["engine"]["sglang"] == {"log_level": "warning"}
-
-
-def _help(*args):
-    return subprocess.run([sys.executable, "-m", "actors.loop.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-def test_top_level_help_lists_commands_and_groups():
-    result = _help("--help")
-    assert result.returncode == 0
-    for word in ("train", "serve-engine", "convert", "init-tiny-model", "megatron-core", "SGLang ServerArgs"):
-        assert word in result.stdout
-
-
-def test_train_help_lists_every_group_including_megatron_pass_through():
-    result = _help("train", "--help")
-    assert result.returncode == 0
-    out = result.stdout
-    for group in ("rollout:", "algorithm:", "buffer:", "router:", "trainer:", "megatron-core TransformerConfig (pass-through)",
-                  "megatron-core OptimizerConfig (pass-through)", "SGLang ServerArgs (pass-through)"):
-        assert group in out, group
-    for flag in ("--n-samples-per-prompt", "--tensor-model-parallel-size", "--lr", "--overlap-grad-reduce", "--use-tis"):
-        assert flag in out, flag
