@@ -59,12 +59,16 @@ class CriticOps(MegatronRank):
 
     def _value_head(self, model: torch.nn.Module) -> None:
         # The LM head (or the tied embedding it reads) is not needed: values come from the head.
+        # Untied on every pipeline stage, so the stages' embedding gradients are not summed.
         model.share_embeddings_and_output_weights = False
-        model.output_layer = ValueHead(model.config.hidden_size, model.config.params_dtype, self.device)
+        if model.post_process:  # the last pipeline stage (the only one with PP = 1)
+            model.output_layer = ValueHead(model.config.hidden_size, model.config.params_dtype, self.device)
 
     def _forward_step(self, loss_fn, data_iterator, model: torch.nn.Module):
         mb = next(data_iterator)
-        output = model(mb["tokens"], mb["position_ids"], None)  # [B, S, 1]
+        output = model(mb["tokens"], mb["position_ids"], None)  # [B, S, 1]; hidden states before the last stage
+        if not parallel_state.is_pipeline_last_stage():
+            return output, partial(loss_fn, mb)  # sent on to the next stage; loss_fn runs on the last
         values = output[..., 0].gather(1, mb["positions"]) * mb["valid"]  # [B, T] response-aligned
         return values, partial(loss_fn, mb)
 

@@ -40,6 +40,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from actors.trainer.pipeline import gather_to_first_stage
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # Llama 3.1 / 3.2 use llama3; Qwen2.5 / Qwen3 the default (their yarn long-context option is not mapped).
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -210,6 +212,13 @@ def transformer_config_from_hf(hf_config: Any, **overrides: Any) -> TransformerC
         fields["tensor_model_parallel_size"] = parallel_state.get_tensor_model_parallel_world_size()
         fields["pipeline_model_parallel_size"] = parallel_state.get_pipeline_model_parallel_world_size()
     fields.update(overrides)
+    if fields.get("pipeline_model_parallel_size", 1) > 1 and "variable_seq_lengths" not in overrides:
+        # Micro-batches are padded to their own length (and hold as many samples as fit), so
+        # the stages exchange each activation's shape before the activation itself.
+        fields["variable_seq_lengths"] = True
+        # megatron-core refuses that with its default MoE dispatcher (allgather) even in a dense
+        # model, which never dispatches tokens: name the one it accepts.
+        fields.setdefault("moe_token_dispatcher_type", "alltoall")
     # Parameter dtype follows the precision flags unless given explicitly.
     if fields.get("fp16"):
         fields["bf16"] = False
@@ -472,19 +481,22 @@ def hf_vocab_size_of(model: torch.nn.Module) -> int:
 
 @torch.no_grad()
 def iter_hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """(HF name, full tensor) for every weight of the model, gathered across TP.
+    """(HF name, full tensor) for every weight of the model, gathered across TP and PP.
 
-    Collective over the TP group: every TP rank must iterate to the end; every TP rank
-    receives the full tensors. Pipeline parallelism > 1 is not supported yet.
+    Collective over the TP and pipeline groups: every rank must iterate to the end. Every TP
+    rank of the first pipeline stage receives all full tensors, in HF order; a later stage's
+    ranks get only their stage's (see ``pipeline.gather_to_first_stage``).
     """
-    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        raise NotImplementedError("HF export with pipeline parallelism > 1 is not supported yet")
-    gpt = unwrap_model(model)
+    yield from gather_to_first_stage(_iter_stage_hf_weights(unwrap_model(model)))
+
+
+def _iter_stage_hf_weights(gpt: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(HF name, full tensor) of this pipeline stage's weights, gathered across TP."""
     params = dict(gpt.named_parameters())
     hf_vocab = hf_vocab_size_of(gpt)
     for mapping in param_mappings(gpt):
         if mapping.megatron_name == "output_layer.weight" and gpt.share_embeddings_and_output_weights:
-            continue  # the tied copy; the embedding is exported once
+            continue  # the tied copy (on the last stage with PP); the embedding is exported once
         yield from _hf_tensors(mapping, params[mapping.megatron_name].detach(), gpt.config, hf_vocab)
 
 

@@ -94,6 +94,9 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any, sc
     loaded = dist_checkpointing.load(template, str(path))
     model.load_state_dict(loaded["model"])
     optimizer.load_state_dict(loaded["optimizer"])
+    # Megatron's scheduler *adds* the saved step count to its own: a rank that has trained
+    # already would resume with a later LR.
+    scheduler.num_steps = 0
     scheduler.load_state_dict(loaded["scheduler"])
     rng = loaded.get(_RNG_KEY)
     if rng is not None:

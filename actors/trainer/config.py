@@ -95,10 +95,13 @@ class TrainerConfig:
         if self.train_step_delay < 0:
             raise ValueError(f"--train-step-delay must be >= 0, got {self.train_step_delay}")
         from actors.trainer.model_flags import check_model_flags
-        from actors.trainer.optimizer import check_megatron_options  # megatron-core: imported when needed
+        # megatron-core: imported when needed
+        from actors.trainer.optimizer import check_megatron_options, split_megatron_overrides
+        from actors.trainer.pipeline import check_pipeline_layout
 
         check_megatron_options(self.megatron)
         check_model_flags(self.megatron, self.hf_checkpoint)
+        check_pipeline_layout(split_megatron_overrides(self.megatron).transformer, self.hf_checkpoint)
         return self
 
     def preflight(self) -> None:

@@ -88,6 +88,32 @@ FALLBACKS: tuple[CpuFallback, ...] = (
         "the no-pipelining schedule's token counter is created on cuda",
     ),
     CpuFallback(
+        "megatron.core.pipeline_parallel.schedules",
+        "forward_backward_pipelining_without_interleaving",
+        (('torch.zeros([], dtype=torch.int, device="cuda")', 'torch.zeros([], dtype=torch.int, device="cpu")'),),
+        "the pipelined (1F1B, PP > 1) schedule's token counter is created on cuda",
+    ),
+    CpuFallback(
+        "megatron.core.pipeline_parallel.p2p_communication",
+        "P2PCommunicator._communicate_shapes",
+        ((_CUR_DEV, '"cpu"'), ("torch.cuda.synchronize()", "None  # cpu_compat: nothing to synchronize")),
+        "pipeline stages exchange activation shapes (variable_seq_lengths) in cuda tensors and "
+        "synchronize CUDA after it",
+    ),
+    CpuFallback(
+        "megatron.core.pipeline_parallel.p2p_communication",
+        "P2PCommunicator._communicate",
+        ((_CUR_DEV, '"cpu"'), ("torch.cuda.synchronize()", "None  # cpu_compat: nothing to synchronize")),
+        "the activations / gradients a pipeline stage receives are allocated on cuda",
+    ),
+    CpuFallback(
+        "megatron.core.models.common.language_module.language_module",
+        "LanguageModule.setup_embeddings_and_output_layer",
+        (("weight.data = weight.data.cuda()", "weight.data = weight.data  # cpu_compat: stays on cpu"),),
+        "with PP > 1 and tied embeddings, the last stage's copy of the embedding is moved to cuda "
+        "before the first and last stages all-reduce it",
+    ),
+    CpuFallback(
         "megatron.core.optimizer.optimizer",
         "FP32Optimizer.__init__",
         (("device='cuda'", "device='cpu'"),),

@@ -85,9 +85,6 @@ def check_megatron_options(megatron: dict[str, Any]) -> None:
         raise ValueError(
             f"--lr-decay-style {schedule.lr_decay_style} needs --lr-decay-iters (the optimizer steps to decay "
             "over): without it the LR would fall to --min-lr right after warmup")
-    if sections.transformer.get("pipeline_model_parallel_size", 1) > 1:
-        raise ValueError("--pipeline-model-parallel-size > 1 is not supported: micro-batches are padded to "
-                         "their own length, which pipeline stages cannot exchange, and HF export needs PP=1")
     distributed = sections.optimizer.get("use_distributed_optimizer") or sections.ddp.get("use_distributed_optimizer")
     if distributed and sections.ddp.get("overlap_param_gather"):
         raise ValueError("--overlap-param-gather with --use-distributed-optimizer defers the parameter all-gather "

@@ -7,8 +7,9 @@ Protocol (the supervisor drives both sides):
 3. ``broadcast_weights`` on the trainer while every engine is POSTed
    ``/update_weights_from_distributed`` once per bucket, in order, with that bucket's metadata.
 
-Gathering full tensors across TP is a collective, so every rank of rank 0's TP group iterates
-the buckets; only global rank 0 broadcasts. Other DP replicas hold the same weights and skip.
+Gathering full tensors across TP (and PP stages) is collective, so every rank of DP replica 0
+iterates the buckets; only global rank 0 broadcasts. Other DP replicas hold the same weights
+and skip.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def takes_part() -> bool:
-    """Whether this rank is in the TP group of global rank 0 (the one that gathers for it)."""
-    return parallel_state.get_data_parallel_rank() == 0 and parallel_state.get_pipeline_model_parallel_rank() == 0
+    """Whether this rank gathers for global rank 0: a rank of DP replica 0 (its TP peers gather
+    each stage's tensors, its later pipeline stages send theirs to the first)."""
+    return parallel_state.get_data_parallel_rank() == 0
 
 
 class WeightBroadcaster:
@@ -74,7 +76,7 @@ class WeightBroadcaster:
         sent = 0
         for bucket in iter_hf_weight_buckets(self.model, self.bucket_bytes, dtype=self.dtype):
             if group is None:
-                continue  # a TP peer of rank 0: it only takes part in the gathers
+                continue  # a TP peer or a later stage of rank 0: it only takes part in the gathers
             for _, tensor in bucket:
                 dist.broadcast(tensor.contiguous(), src=0, group=group)
                 sent += 1

@@ -88,7 +88,7 @@ def rpc_prefix(role: str) -> str:
     return "critic" if role == "critic" else "trainer"
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """SIGKILL this process when its parent dies (PR_SET_PDEATHSIG): nobody would stop it otherwise.
 
     The signal fires when the parent *thread* that started us ends: torchrun starts its ranks
@@ -106,7 +106,7 @@ def _die_with_parent() -> None:
 
 def _die_with_torchrun() -> None:
     # torchrun is our parent; if it is SIGKILLed nobody would stop this rank otherwise.
-    _die_with_parent()
+    die_with_parent()
 
 
 # A multiprocessing "spawn" child of a rank imports this module, the rank's main module, as
@@ -115,7 +115,7 @@ def _die_with_torchrun() -> None:
 # would notice the rank being killed; this makes the Manager die with it (and the tracker then
 # exits at the end of its pipe).
 if __name__ == "__mp_main__":
-    _die_with_parent()
+    die_with_parent()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -115,8 +115,9 @@ def test_megatron_options_this_trainer_would_run_wrongly_fail_at_start():
     with pytest.raises(ConfigError, match=r"--lr-decay-style cosine needs --lr-decay-iters"):
         parse_run_config([*REQUIRED, "--lr-decay-style", "cosine", "--lr-warmup-iters", "10"])
     parse_run_config([*REQUIRED, "--lr-decay-style", "cosine", "--lr-decay-iters", "100"])  # fine with a length
-    with pytest.raises(ConfigError, match=r"--pipeline-model-parallel-size > 1 is not supported"):
-        parse_run_config([*REQUIRED, "--pipeline-model-parallel-size", "2"])
+    with pytest.raises(ConfigError, match=r"--virtual-pipeline-model-parallel-size is not supported with "
+                                          r"--pipeline-model-parallel-size 2: the interleaved schedule"):
+        parse_run_config([*REQUIRED, "--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2"])
     with pytest.raises(ConfigError, match=r"drop --overlap-param-gather"):
         parse_run_config([*REQUIRED, "--use-distributed-optimizer", "--overlap-param-gather"])
 
