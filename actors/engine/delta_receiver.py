@@ -75,7 +75,8 @@ class DiskLoader:
         staging.rename(path)  # the engine never sees a half-written checkpoint
 
     def _prune(self, keep: Path) -> None:
-        versions = sorted((p for p in self.root.glob("v*") if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime)
+        versions = sorted((p for p in self.root.glob("v*") if p.is_dir() and p != keep),
+                          key=lambda p: p.stat().st_mtime)
         for old in versions[: max(0, len(versions) - (self.keep - 1))]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -84,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m actors.engine.delta_receiver", description=__doc__.split("\n")[0])
     parser.add_argument("--engine-url", required=True, help="the SGLang engine this receiver loads into")
     parser.add_argument("--model-path", required=True, type=Path,
-                        help="the HF checkpoint the engine was started from (its config and tokenizer files are copied)")
+                        help="the HF checkpoint the engine was started from (its config and tokenizer are copied)")
     parser.add_argument("--dir", required=True, type=Path, help="where the versions are written (the engine's disk)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)

@@ -91,21 +91,24 @@ class DeltaReceiver:
         tensors: dict[str, torch.Tensor] = {}
         metas: dict[str, codec.TensorMeta] = {}
         pending: asyncio.Future | None = None  # decode one tensor while the next frame arrives
-        async for header, payload in frames:
-            if header.get("kind") == "end":
-                break
-            meta = codec.TensorMeta(str(header["name"]), str(header["dtype"]), tuple(header["shape"]),
-                                    str(header["checksum"]))
-            encoding = header.get("encoding")
-            if mode == "full" and encoding != "raw":
-                raise codec.DeltaDecodeError(f"{meta.name}: a full transfer carries raw tensors, got {encoding!r}")
+        try:
+            async for header, payload in frames:
+                if header.get("kind") == "end":
+                    break
+                meta = _tensor_meta(header)
+                encoding = header.get("encoding")
+                if mode == "full" and encoding != "raw":
+                    raise codec.DeltaDecodeError(f"{meta.name}: a full transfer carries raw tensors, got {encoding!r}")
+                if pending is not None:
+                    await pending
+                pending = asyncio.ensure_future(self._decode_into(tensors, metas, meta, encoding, payload))
+            else:
+                raise wire.WireError("stream ended without its 'end' frame")
             if pending is not None:
                 await pending
-            pending = asyncio.ensure_future(self._decode_into(tensors, metas, meta, encoding, payload))
-        else:
-            raise wire.WireError("stream ended without its 'end' frame")
-        if pending is not None:
-            await pending
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
         if len(metas) != int(begin.get("count", -1)):
             raise wire.WireError(f"stream announced {begin.get('count')} tensors and carried {len(metas)}")
         checksum = codec.state_checksum(metas.values())
@@ -131,6 +134,21 @@ class DeltaReceiver:
                 base = codec.tensor_bytes(self.tensors[meta.name])
             tensors[meta.name] = await asyncio.to_thread(codec.decode, encoding or "", payload, meta, base)
         metas[meta.name] = meta
+
+
+def _tensor_meta(header: dict) -> codec.TensorMeta:
+    try:
+        return codec.TensorMeta(str(header["name"]), str(header["dtype"]), tuple(int(d) for d in header["shape"]),
+                                str(header["checksum"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise wire.WireError(f"malformed tensor frame header {header!r}") from exc
+
+
+async def _drain(request: web.Request) -> None:
+    """Read the rest of a refused body, so the sender gets the answer rather than a reset connection
+    (aiohttp itself drains an unread body for at most its lingering time, 10 s: short for a slow link)."""
+    while await request.content.readany():
+        pass
 
 
 def _answer(success: bool, message: str, version: str | None, status: int, reason: str | None = None,
@@ -160,13 +178,16 @@ def routes(receiver: DeltaReceiver, load: Loader, served: ServedChecksum | None 
             try:
                 received = await receiver.receive(request.content.readexactly)
             except BaseMismatch as exc:
+                await _drain(request)
                 return _answer(False, str(exc), receiver.version, 409, "base_mismatch")
             except codec.DeltaDecodeError as exc:
                 # The base may be what is wrong: only a full transfer is trusted next.
                 receiver.drop_base()
                 log.error("weight delta rejected: %s", exc)
+                await _drain(request)
                 return _answer(False, str(exc), None, 422, "checksum_mismatch")
             except wire.WireError as exc:
+                await _drain(request)
                 return _answer(False, str(exc), receiver.version, 400, "corrupt")
             try:
                 served_checksum = await load(received.tensors, received.version)
