@@ -159,15 +159,3 @@ def mismatch_token_stats(
         "logprob_diff": diff,
         "mismatch_k3_kl": torch.exp(diff.clamp(max=_MAX_LOG_WEIGHT)) - diff - 1.0,
     }
-
-
-def mismatch_metrics(
-    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, loss_mask: torch.Tensor
-) -> dict[str, float]:
-    """Masked means of `mismatch_token_stats` over trainable tokens (0.0 when there are none)."""
-    mask = loss_mask.float()
-    count = mask.sum().clamp_min(1.0)
-    return {
-        name: float((torch.where(mask > 0, value, torch.zeros_like(value))).sum() / count)
-        for name, value in mismatch_token_stats(old_logprobs, rollout_logprobs).items()
-    }

@@ -8,8 +8,8 @@ Retry policy (why it differs per endpoint):
 - Reads and idempotent control calls (health, info, loads, pause/continue, abort, flush,
   update-from-disk, destroy group, weight version) are retried with exponential backoff on
   connection errors and on 5xx answers: repeating them leaves the engine in the same state.
-- `generate`, `init_weights_update_group`, `update_weights_from_distributed` and
-  `update_weights_from_tensor` are retried ONLY when the connection could not be opened
+- `generate`, `init_weights_update_group` and `update_weights_from_distributed` are
+  retried ONLY when the connection could not be opened
   (refused, unreachable): then the request provably never reached the server. Once it was
   sent, a retry would either duplicate work the server already did (a second sample with
   its own RNG draw, counted twice in load) or, for the collective weight calls, desynchronise
@@ -151,17 +151,6 @@ def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
     )
 
 
-def request_counts(loads: dict[str, Any]) -> tuple[int, int]:
-    """(running, waiting) requests summed over the DP ranks of a `/v1/loads` answer.
-
-    Summed from `loads[*]` rather than read from `aggregate`, which SGLang 0.5.17 no longer sends.
-    """
-    ranks = loads.get("loads") or []
-    running = sum(int(rank.get("num_running_reqs", 0)) for rank in ranks)
-    waiting = sum(int(rank.get("num_waiting_reqs", 0)) for rank in ranks)
-    return running, waiting
-
-
 # --------------------------------------------------------------------------------------
 # Client
 
@@ -294,7 +283,7 @@ class EngineClient:
         return await self._call_renamed("/server_info", "/get_server_info", timeout)
 
     async def get_loads(self, *, timeout: float | None = 10.0) -> dict[str, Any]:
-        """`GET /v1/loads`: per-DP-rank load as the engine reports it (see `request_counts`)."""
+        """`GET /v1/loads`: per-DP-rank load as the engine reports it (the router sums it: `reported_load`)."""
         return await self._call_json("GET", "/v1/loads", timeout=timeout)
 
     async def get_weight_version(self, *, timeout: float | None = 30.0) -> str | None:
@@ -391,26 +380,6 @@ class EngineClient:
         return await self._call_update(
             "/destroy_weights_update_group", {"group_name": group_name}, timeout, _Retry.IDEMPOTENT
         )
-
-    async def update_weights_from_tensor(
-        self,
-        serialized_named_tensors: list[str],
-        load_format: str | None = None,
-        flush_cache: bool = True,
-        weight_version: str | None = None,
-        *,
-        timeout: float | None = None,
-    ) -> dict[str, Any]:
-        """SGLang's colocated path: one base64 `MultiprocessingSerializer` payload per TP rank
-        (CUDA IPC handles, so only meaningful on the same GPU host)."""
-        payload: dict[str, Any] = {
-            "serialized_named_tensors": serialized_named_tensors,
-            "load_format": load_format,
-            "flush_cache": flush_cache,
-        }
-        if weight_version is not None:
-            payload["weight_version"] = weight_version
-        return await self._call_update("/update_weights_from_tensor", payload, timeout, _Retry.BEFORE_SEND)
 
     # ---- transport
 

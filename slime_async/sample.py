@@ -190,11 +190,6 @@ class Sample:
             if finish in _FINISH_STATUS:
                 self.status = _FINISH_STATUS[finish]
 
-    def oldest_version(self) -> int | None:
-        """The oldest policy version among generated tokens (None when nothing was generated)."""
-        generated = [v for v, m in zip(self.token_versions, self.loss_mask) if m]
-        return min(generated) if generated else None
-
     def check(self) -> None:
         """Raise ValueError if the per-token lists disagree with ``response_length``."""
         n = self.response_length

@@ -106,13 +106,6 @@ class Supervisor(Actor):
             raise KeyError(f"supervisor {self.name!r} has no running child {name!r}")
         return self._live[name].ref
 
-    async def add_child(self, spec: ChildSpec) -> ActorRef:
-        """Start and supervise one more child (appended after the existing ones)."""
-        if any(s.name == spec.name for s in self.specs):
-            raise ValueError(f"supervisor {self.name!r} already has a child {spec.name!r}")
-        self.specs.append(spec)
-        return await self._start_child(spec)
-
     async def _child_exited(self, name: str, error: BaseException | None) -> None:
         running = self._live.pop(name, None)
         if running is None:  # we stopped it ourselves

@@ -282,10 +282,6 @@ class TrainerActor(Actor):
     def dp_size(self) -> int:
         return self.ranks[0].dp_size
 
-    @property
-    def rank_pids(self) -> list[int]:
-        return [info.pid for info in self.ranks]
-
     async def _watch(self) -> None:
         """Fail the actor (and every pending call) as soon as a rank or torchrun is gone."""
         # (group name, torchrun child, its ranks): the policy's, then the critic's.

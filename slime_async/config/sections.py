@@ -13,8 +13,6 @@ from slime_async.config.paths import require_dir
 class ClusterConfig:
     run_dir: str = field(default="", metadata=_help("run directory for logs, config.yaml, checkpoints; "
                                                      "default runs/<date-time>"))
-    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_help(
-        "where the trainer and owned engines run; auto = cuda when a GPU is visible"))
     event_loop: Literal["auto", "uvloop", "asyncio"] = field(default="auto", metadata=_help(
         "asyncio event loop; auto = uvloop when installed"))
     log_level: Literal["debug", "info", "warning", "error"] = field(default="info", metadata=_help("console log level"))

@@ -27,7 +27,6 @@ from slime_async.engine_client import (
     EngineUnreachable,
     RetryPolicy,
     parse_generate_output,
-    request_counts,
 )
 
 NO_WAIT = RetryPolicy(attempts=4, initial_delay=0.0, max_delay=0.0)
@@ -239,12 +238,6 @@ async def test_info_falls_back_to_the_old_endpoint_names_of_older_sglang(engine,
     assert [s.path for s in engine.seen] == [
         "/model_info", "/get_model_info", "/get_model_info", "/server_info", "/get_server_info",
     ]
-
-
-def test_request_counts_sum_over_dp_ranks():
-    loads = {"loads": [{"num_running_reqs": 3, "num_waiting_reqs": 1}, {"num_running_reqs": 2, "num_waiting_reqs": 0}]}
-    assert request_counts(loads) == (5, 1)
-    assert request_counts({"loads": []}) == (0, 0)
 
 
 # ---- health

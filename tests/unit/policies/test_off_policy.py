@@ -12,7 +12,6 @@ from policies.off_policy import (
     decoupled_behaviour_weights,
     icepop_weights,
     mis_weights,
-    mismatch_metrics,
     tis_weights,
 )
 
@@ -143,19 +142,3 @@ def test_decoupled_behaviour_weight_is_proximal_over_behaviour_and_drops_above_c
 def test_decoupled_behaviour_weight_without_cap_keeps_every_token():
     out = decoupled_behaviour_weights(logs([1.0, 2.0, 4.0]), torch.zeros(1, 3), torch.tensor([[1, 1, 0]]))
     close(out.weights, [[1.0, 2.0, 0.0]])
-
-
-def test_mismatch_metrics_are_masked_means():
-    # diffs (old - rollout) on trainable tokens: 0.5, -0.5 (the third token is masked)
-    # abs 0.5; mean diff 0; k3: (e^0.5 - 1.5) = 0.1487213, (e^-0.5 - 0.5) = 0.1065307 -> mean 0.1276260
-    metrics = mismatch_metrics(
-        torch.tensor([[-1.0, -2.0, -3.0]]), torch.tensor([[-1.5, -1.5, 0.0]]), torch.tensor([[1, 1, 0]])
-    )
-    assert metrics["logprob_abs_diff"] == pytest.approx(0.5)
-    assert metrics["logprob_diff"] == pytest.approx(0.0, abs=1e-7)
-    assert metrics["mismatch_k3_kl"] == pytest.approx(0.1276260, abs=1e-6)
-
-
-def test_mismatch_metrics_of_an_all_masked_batch_are_zero():
-    metrics = mismatch_metrics(torch.ones(1, 2), torch.zeros(1, 2), torch.zeros(1, 2))
-    assert metrics == {"logprob_abs_diff": 0.0, "logprob_diff": 0.0, "mismatch_k3_kl": 0.0}
