@@ -94,6 +94,14 @@ def test_a_raising_reward_function_and_a_bad_row_are_counted_not_fatal(run):
     assert "line 6" in run["stderr"]  # the malformed row is reported with its line number
 
 
+def test_the_supervisors_console_carries_no_third_party_warnings(run):
+    # megatron-core's Transformer-Engine/Apex notices, torch.distributed's gloo deprecation and
+    # torch's C++ "[W..." lines stay off the console; the trainer ranks' own logs keep theirs.
+    noise = [line for line in run["stderr"].splitlines()
+             if "Warning:" in line or "warnings.warn" in line or line.startswith("[W")]
+    assert noise == []
+
+
 def test_debug_train_only_replays_the_dumped_rollouts_without_engines(run):
     run_dir = run["root"] / "replay"
     argv = [sys.executable, "-m", "actors.loop.cli", "train", "--debug-train-only",
