@@ -236,7 +236,7 @@ class TrainerActor(Actor):
                 await self._teardown()
                 raise
         self.bridge = RpcBridge(
-            f"tcp://127.0.0.1:{rpc_port}", self._rpc_world_size, start_timeout=self.config.trainer_start_timeout
+            f"tcp://{head.address}:{rpc_port}", self._rpc_world_size, start_timeout=self.config.trainer_start_timeout
         )
         refs = [self.child_ref, *self.node_refs] + ([self.critic.child_ref] if self.critic else [])
         children = [ref.actor for ref in refs]
