@@ -180,13 +180,12 @@ def test_an_unreadable_prompt_file_is_named(files, tmp_path):
         check(base(files) + ["--prompt-data", str(locked)])
 
 
-@pytest.mark.slow  # five `slime-async train` processes (~5 s each on an idle 2-core machine)
+@pytest.mark.slow  # four `slime-async train` processes (~5 s each on an idle 2-core machine)
 @pytest.mark.parametrize("extra, flag", [
     (["--hf-checkpoint", "{root}/nowhere"], "--hf-checkpoint"),
     (["--lr", "-0.001"], "--lr"),
     (["--custom-rm-path", "preflight_hooks:rm_without_sample"], "--custom-rm-path"),
     (["--custom-generate-function-path", "no_such_module:generate"], "--custom-generate-function-path"),
-    (["--rm-type", "deepscaler"], "--rm-type"),
 ])
 def test_slime_async_train_exits_2_with_one_line_before_starting_anything(files, extra, flag):
     run_dir = files["root"] / f"run-{flag.strip('-')}"
