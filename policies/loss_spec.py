@@ -74,12 +74,12 @@ class LossSpec:
     loss_type: Literal["policy_loss", "sft"] = field(default="policy_loss", metadata={"help": 'policy_loss (RL) or sft (negative log-likelihood of the response)'})
     advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gspo", "ppo"] = field(default="grpo", metadata={"help": 'how rewards become advantages (ppo: GAE over a critic)'})
     policy_loss: Literal["ppo", "cispo", "gspo"] = field(default="ppo", metadata={"help": 'ppo (clipped surrogate), cispo (clipped-IS REINFORCE) or gspo (sequence ratio)'})
-    eps_clip: float = field(default=0.2, metadata={"help": 'PPO clip range: ratio >= 1 - eps_clip'})
+    eps_clip: float = field(default=0.2, metadata={"help": 'PPO clip range: 1 - eps_clip <= ratio <= 1 + eps_clip (the upper: --eps-clip-high when set)'})
     eps_clip_high: float | None = field(default=None, metadata={"help": 'upper clip range (clip-higher); unset = --eps-clip'})
     eps_clip_c: float | None = field(default=None, metadata={"help": 'dual-clip constant (> 1) for negative advantages; unset = off'})
-    use_kl_loss: bool = field(default=False, metadata={"help": 'add a KL(pi || pi_ref) loss against the frozen initial weights'})
+    use_kl_loss: bool = field(default=False, metadata={"help": 'add a KL(pi || pi_ref) loss against the frozen reference (--ref-load, else the initial weights)'})
     kl_loss_coef: float = field(default=0.0, metadata={"help": 'weight of the KL loss'})
-    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = field(default="low_var_kl", metadata={"help": 'KL estimator'})
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = field(default="low_var_kl", metadata={"help": 'KL estimator of the KL loss and of the --kl-coef penalty'})
     entropy_coef: float = field(default=0.0, metadata={"help": 'weight of the entropy bonus'})
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = field(default="token_mean", metadata={"help": 'how per-token losses are aggregated'})
     use_tis: bool = field(default=False, metadata={"help": 'token-level truncated importance sampling pi_old/mu (train-inference mismatch)'})
@@ -95,9 +95,9 @@ class LossSpec:
     use_rollout_logprobs: bool = field(default=False, metadata={"help": "use the engine's logprobs as pi_old (no recompute): ratio pi_theta/mu"})
     use_decoupled_ppo: bool = field(default=False, metadata={"help": 'AReaL decoupled PPO: clip against the proximal policy, weight by proximal/behaviour'})
     decoupled_behave_cap: float | None = field(default=None, metadata={"help": 'drop tokens whose proximal/behaviour weight exceeds this; unset = no cap'})
-    kl_coef: float = field(default=0.0, metadata={"help": 'REINFORCE++ per-token KL reward penalty'})
+    kl_coef: float = field(default=0.0, metadata={"help": 'weight of a per-token KL-to-reference penalty in the reward (REINFORCE++ variants and ppo; the scalar estimators ignore it)'})
     gamma: float = field(default=1.0, metadata={"help": 'discount of REINFORCE++ returns and PPO GAE'})
-    normalize_advantages: bool = field(default=False, metadata={"help": "whiten scalar advantages over the batch's trainable tokens"})
+    normalize_advantages: bool = field(default=False, metadata={"help": "whiten scalar advantages over the batch's trainable tokens (REINFORCE++ variants always are)"})
 
     @property
     def clip_high(self) -> float:

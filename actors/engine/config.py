@@ -60,7 +60,8 @@ class EngineConfig:
         default=600.0, metadata=_help("seconds an owned engine may take until /health_generate answers")
     )
     engine_request_timeout: float = field(
-        default=600.0, metadata=_help("seconds one generate or control request may take before it counts as failed")
+        default=600.0, metadata=_help("seconds one /generate call to an engine may take before it counts as failed "
+                                            "(the default of --router-request-timeout)")
     )
     cpu_engine_max_running_requests: int = field(
         default=32, metadata=_help("requests the CPU engine batches together; more wait in its queue")

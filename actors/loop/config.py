@@ -33,7 +33,9 @@ class LoopConfig:
         "before a weight update the router stops dispatching, then abort: aborts the requests in "
         "flight (they resume on the new weights from their partial tokens); pause: lets them finish "
         "on the old weights (a drain)"))
-    weight_update_timeout: float = field(default=300.0, metadata=_help("seconds an engine may take to load new weights"))
+    weight_update_timeout: float = field(default=300.0, metadata=_help(
+        "seconds each part of a weight sync may take: the trainer's export, an engine's load, the router's "
+        "abort and confirmation (a pause's drain is not limited)"))
     debug_rollout_only: bool = field(default=False, metadata=_help("generate and score, never train"))
     debug_train_only: bool = field(default=False, metadata=_help("train on rollouts replayed from --load-debug-rollout-data"))
     save_debug_rollout_data: str | None = field(default=None, metadata=_help(

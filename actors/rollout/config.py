@@ -28,14 +28,14 @@ class RolloutConfig:
     apply_chat_template_kwargs: JsonDict = field(default_factory=dict, metadata=_help(
         "JSON object of extra keyword arguments for apply_chat_template, e.g. '{\"enable_thinking\": false}'"))
     rollout_shuffle: bool = field(default=True, metadata=_help("shuffle prompts every epoch"))
-    rollout_seed: int = field(default=42, metadata=_help("seed of the prompt order and of sampling"))
-    num_epoch: int = field(default=1, metadata=_help("passes over the prompt data (when --num-rollout is unset)"))
-    num_rollout: int | None = field(default=None, metadata=_help("number of training steps; overrides --num-epoch"))
+    rollout_seed: int = field(default=42, metadata=_help("seed of the prompt order (each epoch's shuffle); sampling is not seeded by it"))
+    num_epoch: int = field(default=1, metadata=_help("passes over the prompt data; the run ends when they are used up, before --num-rollout steps if need be"))
+    num_rollout: int | None = field(default=None, metadata=_help("number of training steps (unset: the steps --num-epoch passes over the data make)"))
     # --- groups and sampling
     rollout_batch_size: int = field(default=8, metadata=_help("prompts (groups) per training step"))
     n_samples_per_prompt: int = field(default=4, metadata=_help("samples per prompt; they form a group"))
     over_sampling_batch_size: int | None = field(default=None, metadata=_help(
-        "groups admitted per policy version when a dynamic-sampling filter may drop some (>= --rollout-batch-size); "
+        "groups admitted per training step when a dynamic-sampling filter may drop some (>= --rollout-batch-size); "
         "surplus groups that outlive the staleness bound are dropped and counted"))
     rollout_max_response_len: int = field(default=64, metadata=_help("max new tokens per sample"))
     rollout_max_context_len: int | None = field(default=None, metadata=_help(

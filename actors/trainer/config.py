@@ -31,10 +31,10 @@ class TrainerConfig:
     )
     max_tokens_per_gpu: int | None = field(
         default=8192,
-        metadata={"help": "token budget of one micro-batch (padded tokens); exclusive with micro_batch_size"},
+        metadata={"help": "token budget of one micro-batch (padded tokens); --micro-batch-size replaces it"},
     )
     micro_batch_size: int | None = field(
-        default=None, metadata={"help": "fixed samples per micro-batch (when max_tokens_per_gpu is not set)"}
+        default=None, metadata={"help": "fixed samples per micro-batch, instead of the --max-tokens-per-gpu budget"}
     )
     global_batch_size: int | None = field(
         default=None, metadata={"help": "samples per optimizer step: a rollout of R samples takes R / "
@@ -46,11 +46,12 @@ class TrainerConfig:
     )
     ref_load: str | None = field(
         default=None,
-        metadata={"help": "HF directory of the frozen reference model for the KL loss (None: no reference)"},
+        metadata={"help": "HF directory of the frozen reference model (unset: the initial --hf-checkpoint weights)"},
     )
     use_reference: bool = field(
         default=False,
-        metadata={"help": "keep a frozen reference: ref_load, or the initial hf_checkpoint weights"},
+        metadata={"help": "keep a frozen reference model (--ref-load, else the initial weights); on by itself when "
+                                "--use-kl-loss or --kl-coef needs one"},
     )
     seed: int = field(default=1234, metadata={"help": "random seed of the training ranks"})
     trainer_start_timeout: float = field(

@@ -44,8 +44,8 @@ class ClusterConfig:
 class CheckpointConfig:
     save: str | None = field(default=None, metadata=_help(
         "directory for run checkpoints (model, optimizer, data cursor, buffer, partial rollouts)"))
-    load: str | None = field(default=None, metadata=_help("resume from this checkpoint directory"))
-    save_interval: int | None = field(default=None, metadata=_help("save every N training steps"))
+    load: str | None = field(default=None, metadata=_help("resume from this checkpoint: a step directory, or a --save root (its latest)"))
+    save_interval: int | None = field(default=None, metadata=_help("save every N training steps (and at the end of the run)"))
     save_hf: str | None = field(default=None, metadata=_help(
         "also export HF-format weights here at each save ({step} is replaced by the step)"))
     max_run_restarts: int = field(default=3, metadata=_help(
