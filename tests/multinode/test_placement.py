@@ -9,7 +9,8 @@ import pytest
 
 from actors.engine.fleet import engine_nodes
 from actors.loop.placement import cluster_size
-from actors.loop.run_config import parse_run_config
+from actors.engine.config import EngineConfig
+from actors.loop.run_config import RunConfig, parse_run_config
 from actors.trainer.actor import TrainerActor
 from actors.trainer.config import TrainerConfig
 from agent_process import REPO_ROOT
@@ -21,11 +22,13 @@ REQUIRED = ["--prompt-data", "p.jsonl", "--hf-checkpoint", "model/"]
 
 
 def test_a_run_needs_the_larger_of_its_trainer_and_engine_node_counts():
-    assert cluster_size(parse_run_config(REQUIRED)) == 1
-    assert cluster_size(parse_run_config([*REQUIRED, "--actor-num-nodes", "2", "--rollout-num-nodes", "3"])) == 3
-    # External engines run wherever their URLs point: they need no node of this run.
-    assert cluster_size(parse_run_config([*REQUIRED, "--rollout-num-nodes", "3", "--engine-type", "external",
-                                          "--rollout-external-engine-addrs", "http://h:1"])) == 1
+    def nodes(engine_type: str = "cpu", **counts: int) -> int:
+        engine = EngineConfig(engine_type=engine_type, rollout_num_nodes=counts.get("rollout", 1))
+        return cluster_size(RunConfig(trainer=TrainerConfig(actor_num_nodes=counts.get("actor", 1)), engine=engine))
+
+    assert nodes() == 1
+    assert nodes(actor=2, rollout=3) == 3 and nodes(actor=2) == 2
+    assert nodes("external", rollout=3) == 1  # external engines run wherever their URLs point
 
 
 def test_engines_go_round_robin_over_the_first_rollout_nodes():
