@@ -68,8 +68,8 @@ class RouterActor(Actor):
         name: str | None = None,
     ):
         """``model`` (tokenizer and chat template) turns on the HTTP front (http_front.py) at
-        ``--router-host``/``--router-port``; ``api_key`` is the engines' key."""
-        config.validate()
+        ``--router-host``/``--router-port``; ``api_key`` is the engines' key. ``config`` is
+        validated where it is parsed (``slime-async train``, ``slime-async router``)."""
         super().__init__(name)
         self.config = config
         self.policy = RoutingPolicy(config.router_policy)
