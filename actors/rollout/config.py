@@ -127,9 +127,9 @@ class RolloutConfig:
         """What lies outside the config, checked once at start before anything is spawned: the
         data files exist, every hook imports and takes the arguments it will be called with."""
         if self.prompt_data:
-            require_file(self.prompt_data, "--prompt-data")
+            _require_prompt_file(self.prompt_data, "--prompt-data")
         for path in self.eval_sets().values():
-            require_file(path, "--eval-prompt-data")
+            _require_prompt_file(path, "--eval-prompt-data")
         if self.custom_generate_function_path:
             check_hook(self.custom_generate_function_path, "--custom-generate-function-path", (3,),
                        "generate(ctx, sample, sampling_params)")
@@ -178,3 +178,13 @@ class RolloutConfig:
         if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
             raise ValueError(f"--custom-config-path {path}: expected a mapping of names to values")
         return data
+
+
+def _require_prompt_file(path: str, flag: str) -> None:
+    """``path`` is a readable file in a format the prompt loader reads (by its suffix, as the loader tells)."""
+    from actors.rollout.data import JSONL_SUFFIXES, PARQUET_SUFFIXES  # here: data.py imports this module
+
+    suffix = require_file(path, flag).suffix.lower()
+    if suffix not in JSONL_SUFFIXES + PARQUET_SUFFIXES:
+        raise ValueError(f"{flag} {path}: unsupported format {repr(suffix) if suffix else '(no suffix)'} "
+                         "(a .jsonl or .parquet file)")
