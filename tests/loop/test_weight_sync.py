@@ -2,8 +2,10 @@
 
 import pytest
 
+from actors.loop.run_config import parse_run_config
 from actors.loop.weight_sync import WeightSync, WeightSyncError, broadcast_layout
 from slime_async.actor import Actor, spawn
+from slime_async.config.flags import ConfigError
 from slime_async.net import free_port
 
 
@@ -64,3 +66,9 @@ async def test_a_distributed_sync_whose_only_engine_died_since_the_last_health_c
         await router.stop()
         await trainer.stop()
     assert router.actor.resumed == ["3"] and trainer.actor.asked == 0
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--update-weight-transport", "nccl"), ("--weight-update-mode", "drain")])
+def test_a_transport_or_mode_the_sync_does_not_know_fails_at_parse_naming_the_flag(flag, value):
+    with pytest.raises(ConfigError, match=rf"{flag}.*{value}"):
+        parse_run_config(["--prompt-data", "p.jsonl", "--hf-checkpoint", "m", flag, value])
