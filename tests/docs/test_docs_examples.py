@@ -133,7 +133,7 @@ def check_command(text: str) -> None:
             return
         subcommand, args = rest[0], rest[1:]
         assert subcommand in COMMANDS, f"unknown command {subcommand!r}"
-        if not args or "--help" in args:
+        if not args or "--help" in args or "--help-all" in args:
             return
         if subcommand == "train":
             check_train(args, args)
