@@ -36,16 +36,19 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
 
 
+@pytest.mark.slow  # shares one two-rank torchrun launch (~16 s of CPU)
 def test_the_layout_is_two_stages_of_one_replica(parity):
     assert parity["pp2"]["info"] == [[0, 2, 1], [1, 2, 1]]  # (pp_rank, pp_size, dp_size) per rank
 
 
+@pytest.mark.slow
 def test_logprobs_and_reference_logprobs_match_pp1(parity):
     pp1, pp2 = parity["pp1"], parity["pp2"]
     assert _max_diff(pp1["logprobs0"], pp2["logprobs0"]) < TOLERANCE
     assert _max_diff(pp1["ref"], pp2["ref"]) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_one_step_gives_the_same_loss_and_grad_norm_and_then_the_same_logprobs(parity):
     pp1, pp2 = parity["pp1"]["step1"], parity["pp2"]["step1"]
     assert pp2["update_successful"] == 1.0 and pp2["num_micro_batches"] > 1  # micro-batches of different shapes
@@ -54,6 +57,7 @@ def test_one_step_gives_the_same_loss_and_grad_norm_and_then_the_same_logprobs(p
     assert _max_diff(parity["pp1"]["logprobs1"], parity["pp2"]["logprobs1"]) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_the_export_of_the_loaded_weights_is_the_hf_checkpoint_bit_for_bit(parity, tiny_hf_dirs):
     source = load_file(str(tiny_hf_dirs["qwen2"] / "model.safetensors"))
     exported = load_file(str(parity["work"] / "export-pp2-initial" / "model.safetensors"))
@@ -61,6 +65,7 @@ def test_the_export_of_the_loaded_weights_is_the_hf_checkpoint_bit_for_bit(parit
     assert all(exported[name].equal(source[name]) for name in source)
 
 
+@pytest.mark.slow
 def test_the_export_after_one_step_equals_pp1s(parity):
     pp1 = load_file(str(parity["work"] / "export-pp1" / "model.safetensors"))
     pp2 = load_file(str(parity["work"] / "export-pp2" / "model.safetensors"))
@@ -69,6 +74,7 @@ def test_the_export_after_one_step_equals_pp1s(parity):
     assert parity["pp2"]["metadata"] == parity["pp1"]["metadata"]  # the weight broadcast's buckets
 
 
+@pytest.mark.slow
 def test_checkpoints_resume_across_layouts_with_model_optimizer_and_schedule(parity):
     """Step 2 from a checkpoint of step 1 saved at the other layout equals the uninterrupted step 2,
     and so do the logprobs after it (the update reads Adam's moments and the warmup's LR)."""
@@ -82,6 +88,7 @@ def test_checkpoints_resume_across_layouts_with_model_optimizer_and_schedule(par
     assert _max_diff(pp1["logprobs2"], pp1["logprobs1"]) > 1e-3  # step 2 moved them: the check can fail
 
 
+@pytest.mark.slow
 def test_the_critic_at_pp2_gives_pp1s_values_loss_and_update(parity):
     pp1, pp2 = parity["critic"]["pp1"], parity["critic"]["pp2"]
     assert _max_diff(pp1["values0"], pp2["values0"]) < TOLERANCE
