@@ -1,7 +1,7 @@
 """CPU fallbacks for the few places megatron-core allocates on ``cuda`` unconditionally.
 
-megatron-core's GPTModel (local spec), DistributedDataParallel, optimizer and no-pipelining
-schedule run on CPU under gloo except for a handful of hard-coded ``device="cuda"`` /
+megatron-core's GPTModel (local spec), DistributedDataParallel, optimizer and schedules (with
+and without pipelining) run on CPU under gloo except for a handful of hard-coded ``device="cuda"`` /
 ``torch.cuda.current_device()`` allocations. Everything that *can* be configured is configured
 elsewhere (``use_cpu_initialization=True``, fp32, fusions off, the no-op RNG tracker in
 ``parallel.py``, an explicit attention mask or the SDPA core attention). What is left is
