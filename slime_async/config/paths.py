@@ -37,6 +37,21 @@ def require_dir(path: str | Path, flag: str) -> Path:
     return candidate
 
 
+def require_writable_dir(path: str | Path, flag: str) -> Path:
+    """``path`` is a directory the run can write in, or one it can create: its nearest existing
+    ancestor is a writable directory (the run creates the rest)."""
+    candidate = Path(path).absolute()
+    existing = candidate
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "" if existing == candidate else f" ({existing} is a file)"
+        raise ValueError(f"{flag} {path}: not a directory{where}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: {existing} is not writable (permission denied)")
+    return candidate
+
+
 def require_hf_model_dir(path: str | Path, flag: str, *, tokenizer: bool = True) -> Path:
     """``path`` is a local HF model directory: config.json, weights and (when asked) a tokenizer."""
     directory = Path(path)

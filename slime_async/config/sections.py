@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from slime_async.config.flags import field_help as _help
-from slime_async.config.paths import require_dir
+from slime_async.config.paths import require_dir, require_writable_dir
 
 
 @dataclass
@@ -39,6 +39,9 @@ class ClusterConfig:
         if self.node_ip is not None and not self.node_ip.strip():
             raise ValueError("--node-ip must not be empty")
 
+    def preflight(self) -> None:
+        require_writable_dir(self.run_dir or "runs", "--run-dir")  # the default is runs/<date-time>
+
 
 @dataclass
 class CheckpointConfig:
@@ -63,3 +66,5 @@ class CheckpointConfig:
     def preflight(self) -> None:
         if self.load:
             require_dir(self.load, "--load")
+        if self.save:
+            require_writable_dir(self.save, "--save")

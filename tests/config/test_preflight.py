@@ -126,6 +126,9 @@ CASES = {
                                        r"--prompt-data \S+/preflight_hooks.py: unsupported format '.py' \(a .jsonl"),
     "eval_prompt_data_unsupported_format": (["--eval-prompt-data", "held", "{root}/preflight_hooks.py"],
                                             r"--eval-prompt-data \S+/preflight_hooks.py: unsupported format '.py'"),
+    "run_dir_under_a_file": (["--run-dir", "{root}/prompts.jsonl/run"],
+                             r"--run-dir \S+/prompts.jsonl/run: not a directory \(\S+/prompts.jsonl is a file\)"),
+    "save_a_file": (["--save", "{root}/prompts.jsonl"], r"--save \S+/prompts.jsonl: not a directory$"),
     "prompt_data_a_directory": (["--prompt-data", "{root}/empty"], r"--prompt-data \S+/empty: not a file"),
     "hf_checkpoint_a_file": (["--hf-checkpoint", "{root}/prompts.jsonl"], r"--hf-checkpoint \S+: not a directory"),
     "critic_load_missing": (["--advantage-estimator", "ppo", "--critic-load", "{root}/nowhere"],
@@ -173,6 +176,18 @@ def test_a_builtin_filter_needs_no_import(files):
 
 def test_slimes_two_argument_filter_passes(files):
     check(base(files) + ["--dynamic-sampling-filter-path", "preflight_hooks:slime_filter"])
+
+
+def test_a_run_dir_that_does_not_exist_yet_passes(files, tmp_path):
+    check(base(files) + ["--run-dir", str(tmp_path / "new" / "run"), "--save", str(tmp_path / "new" / "ckpt")])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes whatever the mode")
+def test_a_run_dir_in_a_read_only_directory_is_named(files, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    with pytest.raises(ConfigError, match=r"--run-dir \S+/locked/run: \S+/locked is not writable"):
+        check(base(files) + ["--run-dir", str(locked / "run")])
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
