@@ -88,6 +88,8 @@ class DeltaReceiver:
                                f"this receiver holds {self.version!r}")
         if mode not in ("delta", "full"):
             raise wire.WireError(f"unknown mode {mode!r}")
+        if not isinstance(begin.get("weight_version"), str) or not isinstance(begin.get("count"), int):
+            raise wire.WireError("the begin frame needs weight_version (a string) and count (an integer)")
         tensors: dict[str, torch.Tensor] = {}
         metas: dict[str, codec.TensorMeta] = {}
         pending: asyncio.Future | None = None  # decode one tensor while the next frame arrives
@@ -109,7 +111,7 @@ class DeltaReceiver:
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
-        if len(metas) != int(begin.get("count", -1)):
+        if len(metas) != begin["count"]:
             raise wire.WireError(f"stream announced {begin.get('count')} tensors and carried {len(metas)}")
         checksum = codec.state_checksum(metas.values())
         if checksum != begin.get("checksum"):
