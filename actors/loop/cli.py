@@ -61,8 +61,8 @@ def _agent(argv: list[str]) -> int:
 
 def _train(argv: list[str]) -> int:
     quiet_python_warnings()
-    # Light imports only until the config is known: `--help` and a config error need neither torch
-    # nor megatron-core's modules (--help-all and a full parse import megatron-core's configs).
+    # Light imports until the flags are parsed: `--help` needs neither torch nor megatron-core (a full
+    # parse and --help-all import megatron-core's configs); the launcher loads once the config is good.
     from slime_async.config.loader import preflight
     from actors.loop.run_config import parse_run_config
 
