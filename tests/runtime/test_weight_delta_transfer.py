@@ -140,3 +140,13 @@ async def test_a_truncated_stream_changes_nothing(versions: list[Snapshot]) -> N
             answer = await response.json()
     assert (response.status, answer["reason"]) == (400, "corrupt")
     assert receiver.state()["weight_version"] is None and not engine.loaded
+
+
+async def test_a_begin_frame_without_its_version_is_refused_as_corrupt() -> None:
+    receiver, engine = DeltaReceiver(), Engine()
+    async with serve(receiver, engine) as url, aiohttp.ClientSession() as session:
+        body = wire.preamble() + wire.frame({"kind": "begin", "mode": "full", "count": 0}) + wire.frame({"kind": "end"})
+        async with session.post(url + wire.UPDATE_PATH, data=body) as response:
+            answer = await response.json()
+    assert (response.status, answer["reason"]) == (400, "corrupt")
+    assert "weight_version" in answer["message"] and not engine.loaded
