@@ -28,6 +28,10 @@ def split_function_path(path: str) -> tuple[str, str]:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr or "." in attr or ":" in attr:
         raise ValueError(f"expected package.module:function or package.module.function, got {path!r}")
+    if "/" in module_name or "\\" in module_name or module_name.endswith(".py"):
+        stem = module_name.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+        raise ValueError(f"{path!r} names a file; name the module as Python imports it ({stem}:{attr}, with its "
+                         "directory on PYTHONPATH)")
     return module_name, attr
 
 

@@ -151,6 +151,9 @@ CASES = {
                                         r"--rollout-function-path: cannot import module 'no_such_module'"),
     "filter_not_importable": (["--dynamic-sampling-filter-path", "no_such_module:keep"],
                               r"--dynamic-sampling-filter-path: cannot import module 'no_such_module'"),
+    "hook_path_a_file": (["--custom-rm-path", "hooks/my_rm.py:rm"],
+                         r"--custom-rm-path: 'hooks/my_rm.py:rm' names a file; name the module as Python imports it "
+                         r"\(my_rm:rm, with its directory on PYTHONPATH\)"),
     "hook_path_without_a_function": (["--custom-rm-path", "preflight_hooks"],
                                      r"--custom-rm-path: expected package.module:function or package.module.function"),
 }
