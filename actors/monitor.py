@@ -33,6 +33,7 @@ from typing import Any, Literal, TextIO
 from actors.wandb_logger import WandbLogger
 from slime_async.actor import Actor
 from slime_async.config.flags import field_help as _help
+from slime_async.config.paths import require_writable_dir
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,9 @@ class MonitorConfig:
 
     def preflight(self) -> None:
         """wandb imports and, online, has an API key: checked at start, before anything is
-        spawned (the monitor, which starts wandb, starts after the engines)."""
+        spawned (the monitor, which starts wandb, starts after the engines); so is --tensorboard-dir."""
+        if self.tensorboard and self.tensorboard_dir:
+            require_writable_dir(self.tensorboard_dir, "--tensorboard-dir")
         if not self.use_wandb:
             return
         try:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from slime_async.config.flags import field_help as _help
-from slime_async.config.paths import require_dir
+from slime_async.config.paths import require_dir, require_writable_dir
 
 TrainMode = Literal["sync", "one-step-off", "fully-async"]
 # The weight sync's choices (actors/loop/weight_sync.py); the loader admits only these values.
@@ -64,5 +64,7 @@ class LoopConfig:
         return pairs
 
     def preflight(self) -> None:
+        if self.save_debug_rollout_data:
+            require_writable_dir(self.save_debug_rollout_data, "--save-debug-rollout-data")
         if self.debug_train_only:
             require_dir(self.load_debug_rollout_data, "--load-debug-rollout-data")

@@ -77,9 +77,12 @@ class Schema:
 
 class _Parser(argparse.ArgumentParser):
     """argparse that raises ConfigError (one line, exit 2 from the CLI) instead of printing the
-    whole usage of several hundred flags, and reads ``-1e-6`` as a number, not as a flag."""
+    whole usage of several hundred flags, and reads ``-1e-6`` as a number, not as a flag. No
+    abbreviations: among a thousand pass-through flags a typo that is some flag's prefix
+    (``--max-stal 2``) would otherwise set that flag without a word."""
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         # argparse's own pattern (set in __init__) misses exponents: "--min-lr -1e-6" failed.
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
