@@ -139,6 +139,7 @@ class MonitorActor(Actor):
         self._jsonl: TextIO | None = None
         self._bar: Any = None  # tqdm
         self._wandb: WandbLogger | None = None
+        self._outcome = 0  # the run's exit code, told by the launcher (set_outcome)
         self._last: dict[str, float] = {}  # latest reward / tokens/s for the bar
         self._warned: set[str] = set()
 
@@ -169,10 +170,15 @@ class MonitorActor(Actor):
         if self._jsonl is not None:
             self._jsonl.close()
         if self._wandb is not None:
-            # Marked failed in wandb when the monitor itself failed (a metric wandb refused, ...).
-            await self._wandb.close(exit_code=0 if self._failure is None else 1)
+            # Marked failed in wandb when the run did not end with 0 or the monitor itself failed
+            # (a metric wandb refused, ...).
+            await self._wandb.close(exit_code=self._outcome if self._failure is None else 1)
 
     # ----- handlers ---------------------------------------------------------------------------
+    def set_outcome(self, exit_code: int) -> None:
+        """How the run ended (its exit code), told by the launcher before the tree stops."""
+        self._outcome = exit_code
+
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record ``metrics`` at ``step`` in TensorBoard, metrics.jsonl, wandb and on the console."""
         now = time.time()

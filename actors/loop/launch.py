@@ -14,6 +14,7 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from actors.rollout.data import PromptDataset, eval_datasets, prompt_dataset
 from actors.router.actor import RouterActor
 from actors.router.text_model import TextModel
 from actors.trainer.actor import TrainerActor
-from slime_async.actor import spawn
+from slime_async.actor import ActorRef, spawn
 from slime_async.compat.slime.args import flatten_config
 from slime_async.config.loader import dump_config, print_config
 from actors.loop.run_config import RunConfig
@@ -180,7 +181,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         # A restarted or re-registered engine gets the current weights before it gets work.
         rejoins = asyncio.ensure_future(sync.watch_engines()) if sync is not None else None
         try:
-            code = await train_loop(config, handles)
+            code = await with_outcome(child("monitor"), train_loop(config, handles))
         finally:
             if rejoins is not None:
                 rejoins.cancel()
@@ -230,4 +231,18 @@ async def _trainer_only(config: RunConfig, run_dir: Path, total_steps: int, main
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps or None))),
         ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, run_dir / "logs", nodes=cluster.nodes))),
     ], max_restarts=0, max_seconds=1)
-    return await run_supervised(root, main)
+    return await run_supervised(root, lambda root: with_outcome(root.child("monitor"), main(root)))
+
+
+async def with_outcome(monitor: ActorRef, work: Awaitable[int]) -> int:
+    """Run ``work`` and tell the monitor how the run ended (its exit code; 1 when it raised or was
+    cancelled), before the tree stops: wandb marks the run failed unless it ended with 0."""
+    code = 1
+    try:
+        code = await work
+        return code
+    finally:
+        try:
+            await monitor.ask("set_outcome", code, timeout=5.0)
+        except Exception as error:  # noqa: BLE001 - a monitor that is gone has nothing to mark
+            log.debug("monitor: run outcome not recorded: %s", error)

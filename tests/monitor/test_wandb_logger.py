@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from actors.loop.cli import main
+from actors.loop.launch import with_outcome
 from actors.monitor import MonitorActor, MonitorConfig
 from slime_async.actor import ActorFailed, spawn
 from slime_async.tiny_model import build_tiny_model
@@ -133,3 +134,20 @@ def test_online_without_an_api_key_is_one_line_at_start(train_argv, tmp_path, mo
     assert err == ("slime-async train: error: monitor: --use-wandb: no wandb API key for online mode (set "
                    "WANDB_API_KEY or run `wandb login`), or log offline with --wandb-mode offline\n")
     assert not (tmp_path / "run").exists()
+
+
+async def test_a_run_that_fails_elsewhere_finishes_its_wandb_run_with_the_runs_exit_code(tmp_path):
+    # The launcher's with_outcome tells the monitor how the run ended before the tree stops: a
+    # component's failure or a SIGTERM (work cancelled) is exit code 1 in wandb, not "finished".
+    ref = await spawn(MonitorActor(MonitorConfig(use_wandb=True), tmp_path))
+    ref.tell("log", 1, {"train/loss": 0.5})
+
+    async def failing_loop() -> int:
+        raise RuntimeError("the trainer failed")
+
+    with pytest.raises(RuntimeError, match="the trainer failed"):
+        await with_outcome(ref, failing_loop())
+    await ref.stop()
+    await ref.wait()
+    (path,) = run_files(tmp_path / "wandb")
+    assert the_record(path, "exit").exit_code == 1
