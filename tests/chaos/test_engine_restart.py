@@ -62,8 +62,8 @@ def test_kill_9_of_the_only_owned_engine_mid_run_completes_every_step(launch, ch
     assert steps[-1]["router/engine_rejoins"] == 1
     assert "loaded the current weights" in run.log()
     # The restarted engine generated only on the weights it was given (never on the HF
-    # checkpoint, version 0): the last steps' samples were all generated after the kill.
-    late = trained_samples(tmp_path / "dump", range(STEPS - 1, STEPS + 1))
+    # checkpoint, version 0): the samples of every step after the next were generated after the kill.
+    late = trained_samples(tmp_path / "dump", range(killed_after + 2, STEPS + 1))
     assert late and all(min(s["token_versions"]) > killed_after for s in late)
     assert all(m["train/grad_norm"] > 0 for m in steps)  # the weights moved every step
     assert all(m["train/logprob_abs_diff"] < 1e-4 for m in steps[-2:]), [m["train/logprob_abs_diff"] for m in steps]
@@ -94,19 +94,25 @@ def assert_delta_transfers_served_every_export(run, steps: int) -> None:
 
 def test_an_external_engine_restarted_on_its_port_gets_the_current_weights(launch, cpu_engine, chaos_model,
                                                                            chaos_data, tmp_path):
+    (tmp_path / "chaos_reward.py").write_text(REWARD_MODULE)
     engine = cpu_engine(chaos_model)
-    run = launch([*base_argv(chaos_model, chaos_data, steps=STEPS), "--engine-type", "external",
-                  "--rollout-external-engine-addrs", engine.url, "--save-debug-rollout-data", str(tmp_path / "dump")])
+    # Sync mode, as above: with a staleness bound, samples generated before the kill may still be
+    # trained a few steps later (they were under load), and the check below would be timing's.
+    run = launch([*base_argv(chaos_model, chaos_data, steps=STEPS, mode="sync"), "--engine-type", "external",
+                  "--rollout-external-engine-addrs", engine.url, "--save-debug-rollout-data", str(tmp_path / "dump"),
+                  "--custom-rm-path", "chaos_reward:rm"])
     killed_after = run.wait_for_step(2)["step"]
     engine.kill9()
     engine.start()  # the same port: to the run, the same engine with other weights
     assert run.wait() == 0, run.log()[-4000:]
     steps = assert_every_step_trained_and_synced(run)
     assert steps[-1]["router/engine_rejoins"] == 1
-    late = trained_samples(tmp_path / "dump", range(STEPS - 1, STEPS + 1))
+    late = trained_samples(tmp_path / "dump", range(killed_after + 2, STEPS + 1))
     assert late and all(min(s["token_versions"]) > killed_after for s in late)
-    # The requests the dead engine dropped were re-sent once it was back: no group was lost.
+    assert all(m["train/logprob_abs_diff"] < 1e-4 for m in steps[-2:]), [m["train/logprob_abs_diff"] for m in steps]
+    # The router saw the engine go and no group was lost (in sync mode the kill may land while the
+    # trainer trains, with no request in flight to re-send: tests/router checks the retries).
     last = steps[-1]
-    assert last["router/engine_down_events"] >= 1 and last["router/retries"] >= 1
+    assert last["router/engine_down_events"] >= 1
     assert last["rollout/groups_failed"] == 0
     assert run.tracker.wait_all_gone(10) == []
