@@ -101,7 +101,7 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
             metrics.update(await h.buffer.ask("metrics"))
             metrics.update(await h.router.ask("metrics"))
             if h.weight_sync is not None:
-                metrics["router/engine_rejoins"] = float(h.weight_sync.rejoins)
+                metrics.update(h.weight_sync.metrics())
             h.monitor.tell("log", step, metrics)
             h.progress.steps_trained += 1
             if h.eval_dataset is not None and config.rollout.eval_interval and step % config.rollout.eval_interval == 0:

@@ -106,11 +106,6 @@ class WeightSync:
             log.error("weight sync v%d: engines not serving the new version: %s", version, behind)
         return time.monotonic() - started
 
-    @property
-    def rejoins(self) -> int:
-        """Engines brought to the current version after they (re)joined, so far."""
-        return self._rejoins
-
     async def watch_engines(self, interval: float = 1.0) -> None:
         """Forever: every ``interval`` s, bring engines the router holds out as stale to the current version."""
         while True:
@@ -173,6 +168,18 @@ class WeightSync:
             return_exceptions=True)
         self._check(clients, results)
         self._prune(version)
+
+    def metrics(self) -> dict[str, float]:
+        """What the loop logs after each step: engines brought back after a (re)join, and with the
+        delta transport the last transfer's bytes on the wire (all engines), their share of a full
+        transfer's, and how many engines got a full one."""
+        out = {"router/engine_rejoins": float(self._rejoins)}
+        if self.transport == "delta" and self._delta_results:
+            wire = sum(r.wire_bytes for r in self._delta_results)
+            full = sum(r.full_bytes for r in self._delta_results)
+            out |= {"perf/weight_sync_wire_bytes": float(wire), "perf/weight_sync_wire_ratio": wire / max(full, 1),
+                    "perf/weight_sync_full_transfers": float(sum(r.mode == "full" for r in self._delta_results))}
+        return out
 
     @property
     def delta_results(self) -> list[PushResult]:

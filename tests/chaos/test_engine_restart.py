@@ -71,6 +71,9 @@ def test_kill_9_of_the_only_owned_engine_mid_run_completes_every_step(launch, ch
     assert run.tracker.wait_all_gone(10) == []  # nothing the run started outlives it, the killed engine included
     if transport == "delta":
         assert_delta_transfers_served_every_export(run, STEPS)
+        # The steps' metrics say the same: the first sync was full, the step syncs without a full one deltas.
+        assert steps[0]["perf/weight_sync_full_transfers"] == 1.0
+        assert all(0 < m["perf/weight_sync_wire_ratio"] < 1 for m in steps if m["perf/weight_sync_full_transfers"] == 0)
 
 
 DELTA_LINE = re.compile(r"weight sync v(\d+) -> \S+: (delta|full) transfer, (\d+) bytes on the wire for (\d+) bytes "
