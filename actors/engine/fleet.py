@@ -17,6 +17,7 @@ from slime_async.cluster.nodes import LocalNode, Node
 from slime_async.net import free_port
 from slime_async.process import ProcessSpec, http_ready
 from slime_async.supervisor import ChildSpec
+from slime_async.weight_delta.wire import STATE_PATH
 from slime_async.weight_group import nccl_env_defaults
 
 
@@ -27,6 +28,8 @@ class Fleet:
     children: list[ChildSpec] = field(default_factory=list)  # empty for external engines
     specs: list[ProcessSpec] = field(default_factory=list)  # what each child runs (argv, env)
     nodes: list[Node] = field(default_factory=list)  # where each owned engine runs (parallel to urls)
+    # delta transport: owned SGLang engine URL -> the receiver started beside it (on its node)
+    delta_receivers: dict[str, str] = field(default_factory=dict)
 
 
 def cpu_engine_spec(name: str, model_path: str, host: str, port: int, config: EngineConfig) -> ProcessSpec:
@@ -35,6 +38,18 @@ def cpu_engine_spec(name: str, model_path: str, host: str, port: int, config: En
     if config.cpu_engine_threads:
         argv += ["--num-threads", str(config.cpu_engine_threads)]
     return ProcessSpec(name, argv, ready=http_ready(f"http://{host}:{port}/health"),
+                       ready_timeout=config.engine_start_timeout)
+
+
+def delta_receiver_spec(name: str, engine_url: str, model_path: str, host: str, port: int, directory: Path,
+                        config: EngineConfig) -> ProcessSpec:
+    """The delta weight-sync receiver beside an owned SGLang engine: it rebuilds each version on
+    the engine's node and loads it from that node's disk (actors/engine/delta_receiver.py)."""
+    argv = [sys.executable, "-m", "actors.engine.delta_receiver", "--engine-url", engine_url,
+            "--model-path", model_path, "--dir", str(directory), "--host", host, "--port", str(port)]
+    if config.engine_api_key:
+        argv += ["--api-key", config.engine_api_key]
+    return ProcessSpec(name, argv, ready=http_ready(f"http://{host}:{port}{STATE_PATH}"),
                        ready_timeout=config.engine_start_timeout)
 
 
@@ -57,14 +72,15 @@ def engine_nodes(nodes: list[Node], rollout_num_nodes: int, engines: int) -> lis
 
 async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, gpu_available: bool,
                       first_gpu: int = 0, gpu_count: int = 0, nodes: list[Node] | None = None,
-                      trainer_nodes: int = 1) -> Fleet:
+                      trainer_nodes: int = 1, delta_receivers: bool = False) -> Fleet:
     """Decide which engines serve this run; owned ones come back as child specs to supervise.
 
     SGLang engines take the GPUs from ``first_gpu`` on (the trainer's ranks hold 0..first_gpu-1:
     an engine and the trainer on one GPU could not share an NCCL weight-update group); on nodes
     past the first ``trainer_nodes`` (no trainer ranks there) from GPU 0. With ``nodes`` (a
     multi-node cluster) engines are spread over --rollout-num-nodes of them and listen on their
-    node's address; --rollout-num-gpus is then per node.
+    node's address; --rollout-num-gpus is then per node. With ``delta_receivers`` (the delta
+    transport) each owned SGLang engine gets a receiver child beside it, on its node.
     """
     kind = config.resolved_engine_type(gpu_available, importlib.util.find_spec("sglang") is not None)
     if kind == "external":
@@ -100,10 +116,17 @@ async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, g
             spec = sglang_process_spec(name, model_path, host=host, port=port, tp_size=tp_size, base_gpu_id=base_gpu,
                                        passthrough=config.sglang, env=nccl_env_defaults(),
                                        ready_timeout=config.engine_start_timeout)
-        fleet.urls.append(f"http://{host}:{port}")
+        url = f"http://{host}:{port}"
+        fleet.urls.append(url)
         fleet.specs.append(spec)
         fleet.nodes.append(node)
         fleet.children.append(ChildSpec(name, _starter(spec, log_dir, node)))
+        if kind == "sglang" and delta_receivers:
+            receiver_port = await node.free_port() if multi_node else free_port(host)
+            receiver = delta_receiver_spec(f"delta-receiver-{index}", url, model_path, host, receiver_port,
+                                           log_dir.parent / "delta" / name, config)
+            fleet.delta_receivers[url] = f"http://{host}:{receiver_port}"
+            fleet.children.append(ChildSpec(receiver.name, _starter(receiver, log_dir, node)))
     return fleet
 
 

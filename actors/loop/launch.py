@@ -114,7 +114,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     trainer_gpus += critic_first_gpu  # 0 when the critic shares the policy's GPUs
     fleet = await build_fleet(config.engine, config.trainer.hf_checkpoint, logs, gpu_available=gpu_available,
                               first_gpu=trainer_gpus, gpu_count=torch.cuda.device_count() if gpu_available else 0,
-                              nodes=cluster.nodes, trainer_nodes=config.trainer.actor_num_nodes)
+                              nodes=cluster.nodes, trainer_nodes=config.trainer.actor_num_nodes,
+                              delta_receivers=config.train.update_weight_transport == "delta")
     log.info("engines (%s): %s", fleet.kind, ", ".join(fleet.urls))
 
     def child(name: str):
@@ -159,7 +160,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             sync = WeightSync(trainer, child("router"), config.train.update_weight_transport,
                               config.train.weight_update_mode, run_dir / "weights", api_key=config.engine.engine_api_key,
                               timeout=config.train.weight_update_timeout,
-                              delta_receivers=config.train.delta_receivers(),
+                              delta_receivers=fleet.delta_receivers | config.train.delta_receivers(),
                               export_dir_check=export_dir_check(cluster, fleet, trainer, run_dir / "weights"))
             await sync.check_engines()
         start_step = start_version = 0

@@ -21,6 +21,9 @@ import aiohttp
 import pytest
 import torch
 
+from actors.engine.config import EngineConfig
+from actors.engine.fleet import delta_receiver_spec
+from slime_async.net import free_port
 from slime_async.weight_delta import wire
 from slime_async.weight_delta.sender import DeltaSender, DeltaSyncError, Snapshot
 
@@ -95,11 +98,12 @@ def sidecar_receiver(engine_url: str, model_dir: Path, root: Path) -> Iterator[s
     """`python -m actors.engine.delta_receiver` in front of ``engine_url`` (which the CPU engine
     serves with SGLang's /update_weights_from_disk); yields its URL."""
     log_path = root / "receiver.log"
+    # What the fleet starts beside an owned SGLang engine (here at a free port, as the fleet picks one).
+    spec = delta_receiver_spec("delta-receiver-0", engine_url, str(model_dir), "127.0.0.1", free_port(),
+                               root / "versions", EngineConfig())
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "actors.engine.delta_receiver", "--engine-url", engine_url,
-             "--model-path", str(model_dir), "--dir", str(root / "versions")],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        process = subprocess.Popen(spec.argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                   env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     try:
         deadline = time.monotonic() + 60
         while not (match := re.search(r"listening on (http://\S+)", log_path.read_text())):

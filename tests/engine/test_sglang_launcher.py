@@ -168,6 +168,20 @@ async def test_sglang_engines_start_after_the_trainer_gpus_with_nccl_cumem_off(t
     assert all(s.env["NCCL_CUMEM_ENABLE"] == "0" for s in fleet.specs)
 
 
+@pytest.mark.asyncio
+async def test_with_the_delta_transport_each_owned_sglang_engine_gets_a_receiver_beside_it(tmp_path, monkeypatch):
+    monkeypatch.setattr("actors.engine.fleet.importlib.util.find_spec", lambda name: object())
+    config = EngineConfig(engine_type="sglang", rollout_num_gpus=2, rollout_num_gpus_per_engine=1, engine_base_port=31000)
+    fleet = await build_fleet(config, "/m", tmp_path / "logs", gpu_available=True, gpu_count=2, delta_receivers=True)
+    assert fleet.urls == ["http://127.0.0.1:31000", "http://127.0.0.1:31001"]
+    assert [c.name for c in fleet.children] == ["engine-0", "delta-receiver-0", "engine-1", "delta-receiver-1"]
+    assert set(fleet.delta_receivers) == set(fleet.urls)
+    # The receivers run on their engine's host, load into it, and are not engines the router sees.
+    assert all(url.startswith("http://127.0.0.1:") and url not in fleet.urls for url in fleet.delta_receivers.values())
+    without = await build_fleet(config, "/m", tmp_path / "logs", gpu_available=True, gpu_count=2)
+    assert [c.name for c in without.children] == ["engine-0", "engine-1"] and without.delta_receivers == {}
+
+
 def test_trainer_plus_rollout_gpus_beyond_the_host_fail_naming_the_counts():
     check_gpu_budget(1, 1, 2)
     with pytest.raises(ValueError, match=r"trainer takes GPUs 0..0 and --rollout-num-gpus 2 more, but this host has 2"):
