@@ -25,7 +25,6 @@ from slime_async.engine_client import (
     EngineHTTPError,
     GenerateOutput,
     parse_generate_output,
-    request_counts,
 )
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
@@ -50,11 +49,17 @@ def recompute_logprobs(hf_model, prompt: list[int], output: list[int], temperatu
     return logprobs.gather(1, torch.tensor(output)[:, None]).squeeze(1).tolist()
 
 
+def running_requests(loads: dict) -> int:
+    """Running requests summed over the DP ranks of a `/v1/loads` answer (SGLang 0.5.17 no longer
+    sends an `aggregate`)."""
+    return sum(int(rank.get("num_running_reqs", 0)) for rank in loads.get("loads") or [])
+
+
 async def wait_until_running(client: EngineClient, polls: int = 500) -> None:
     """Poll /v1/loads until the engine reports a running request."""
     for _ in range(polls):
         loads = await client.get_loads()
-        if request_counts(loads)[0] >= 1:
+        if running_requests(loads) >= 1:
             return
         await asyncio.sleep(0.01)
     pytest.fail(f"the engine never reported a running request; last /v1/loads: {loads}")
