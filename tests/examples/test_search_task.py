@@ -31,7 +31,7 @@ def test_the_corpus_has_one_passage_per_fact(world):
     passages = world.passages()
     assert len(passages) == 40 + 2 * 6
     person, city = next(iter(world.people.items()))
-    assert f"The birth city of {person} is {city}." in passages
+    assert f"{person} was born in the city {city}." in passages
     assert f"The country of the city {city} is {world.country[city]}." in passages
     assert f"The river of the city {city} is {world.river[city]}." in passages
 
@@ -56,8 +56,8 @@ def test_the_trace_searches_twice_and_answers():
     segments = task.trace(world, task.Question("person 1234", "country"), lambda q: index.search(q, 1))
     assert segments == [
         ("<search> person 1234</search>", True),
-        ("<information> The birth city of person 1234 is Nota.</information>", False),
-        ("<search> Nota country</search>", True),
+        ("<information> person 1234 was born in the city Nota.</information>", False),
+        ("<search> country of the city Nota</search>", True),
         ("<information> The country of the city Nota is Zeta.</information>", False),
         ("<answer> Zeta</answer>", True),
     ]
@@ -84,9 +84,9 @@ def test_a_search_query_counts_only_when_the_turn_ends_with_the_call():
 def test_the_right_passage_is_top_1_for_every_query_of_a_trace(world):
     index = retriever.Retriever(world.passages())
     for person, city in world.people.items():
-        assert index.search(person, 1) == [f"The birth city of {person} is {city}."]
-        for relation in task.RELATIONS:
-            assert index.search(f"{city} {relation}", 1) == [task.city_passage(world, city, relation)]
+        assert index.search(person, 1) == [f"{person} was born in the city {city}."]
+        for relation in task.RELATIONS:  # the second query, as the trace writes it
+            assert index.search(f"{relation} of the city {city}", 1) == [task.city_passage(world, city, relation)]
 
 
 def test_a_query_of_unknown_words_finds_nothing(world):

@@ -3,17 +3,25 @@ questions that only the corpus answers, the search traces the warm start imitate
 
 Every fact is one passage, all of one shape (the fact's object last, where a small model finds it):
 
-    "The birth city of <person> is <city>."
+    "<person> was born in the city <city>."
     "The country of the city <city> is <country>."
     "The river of the city <city> is <river>."
 
 A question names a person and asks for the country or the river of the city they were born in,
-so it takes two searches: ``<person>`` finds the city, ``<city> country`` (or ``river``) the
-answer. People are numbered ("person 4821": digits are single tokens, so a 2-layer model learns to
-copy the number into its query within a short warm start; made-up multi-token names it did not),
+so it takes two searches: ``<person>`` finds the city, ``country of the city <city>`` (or
+``river of ...``) the answer. The second query ends with the words that precede the city in the
+first passage ("the city <city>"), so writing it is the copy a 2-layer model learns early (an
+induction pattern: the next token is the one that followed the same words before). With the
+query ``<city> country`` the model had to find the city by its position in the passage; a
+warm start took ~260 SFT steps to learn that, against ~120 now (~100 for copying the person's
+number). 30 countries and 30 rivers keep a guess worth little (with 6 countries, always naming
+the most common one scored 0.19 held-out).
+
+People are numbered ("person 4821": digits are single tokens, so a 2-layer model learns to copy
+the number into its query within a short warm start; made-up multi-token names it did not),
 places have made-up names (syllables), so no model knows any fact. Held-out questions are about
 people no training question names, so at least the first hop must be looked up. (Cities are shared:
-the tokenizer makes most place names one token each, and a token no training sample ever emits
+the tokenizer (``--vocab-size 1024``) makes every place name one token, and a token no training sample ever emits
 cannot be copied by a model that never learned to write it.)
 """
 
@@ -45,7 +53,7 @@ class World:
 
     def passages(self) -> list[str]:
         """The corpus, one fact per passage (people first, then cities)."""
-        out = [f"The birth city of {person} is {city}." for person, city in self.people.items()]
+        out = [person_passage(person, city) for person, city in self.people.items()]
         for city in self.country:
             out += [city_passage(self, city, relation) for relation in RELATIONS]
         return out
@@ -55,7 +63,7 @@ class World:
         return self.country[city] if relation == "country" else self.river[city]
 
 
-def make_world(seed: int, *, people: int = 1200, cities: int = 60, countries: int = 6, rivers: int = 20) -> World:
+def make_world(seed: int, *, people: int = 1200, cities: int = 60, countries: int = 30, rivers: int = 30) -> World:
     """A seeded world: people are distinct 4-digit numbers, places distinct made-up words."""
     rng = random.Random(seed)
     used: set[str] = set()
@@ -103,9 +111,13 @@ def trace(world: World, question: Question, search: Callable[[str], list[str]]) 
     observations come from ``search(query)``, the retriever the generate hook uses."""
     city = world.people[question.person]
     segments: list[tuple[str, bool]] = []
-    for query in (question.person, f"{city} {question.relation}"):
+    for query in (question.person, f"{question.relation} of the city {city}"):
         segments += [(search_call(query), True), (information(search(query)), False)]
     return segments + [(f"<answer> {world.answer(question.person, question.relation)}</answer>", True)]
+
+
+def person_passage(person: str, city: str) -> str:
+    return f"{person} was born in the city {city}."
 
 
 def city_passage(world: World, city: str, relation: str) -> str:
