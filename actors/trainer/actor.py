@@ -414,7 +414,6 @@ class TrainerActor(Actor):
         return self.defer(self._train_step(batch, loss_spec, max_response_len))
 
     async def _train_step(self, batch: Batch, loss_spec: LossSpec, max_response_len: int | None) -> dict[str, float]:
-        loss_spec.validate()
         steps = split_into_global_batches(len(batch), self.config.global_batch_size)
         if len(steps) > 1 and needs_old_logprobs(loss_spec) and batch.old_logprobs is None:
             # The steps after the first move π_θ away from the policy that π_old must stay:

@@ -123,7 +123,6 @@ class TrainerOps(MegatronRank):
         (on the last pipeline stage's first rank with PP), None elsewhere.
         """
         started = time.perf_counter()
-        loss_spec.validate()
         micro_batches = self._micro_batches(batch)
         scale = len(micro_batches) * parallel_state.get_data_parallel_world_size()
 
