@@ -146,6 +146,10 @@ def check_command(text: str) -> None:
                 for choice in arg.split("|"):
                     assert choice in usage, f"{choice} is not in {subcommand} --help"
         return
+    if program == "sbatch":  # options, then the batch script (whose own arguments go to slime-async train)
+        script = next(arg for arg in rest if arg.endswith(".sbatch"))
+        assert (ROOT / script).is_file(), f"{script} does not exist"
+        return
     if program in ("bash", "python", ".venv/bin/python"):
         assert (ROOT / rest[0]).is_file(), f"{rest[0]} does not exist"
         return
