@@ -1,8 +1,9 @@
 """A simulated two-node run: the head on 127.0.0.1 and one `slime-async agent` on 127.0.0.2,
 with a trainer rank (torchrun's c10d rendezvous, gloo) and a CPU engine on each "node", weights
-broadcast from trainer rank 0 to both engines every step. Then the agent is killed: the attempt
-fails with a line naming the lost node, the run restarts from its checkpoint (--max-run-restarts)
-once an agent is back on the node, and trains to the end; no process of either "node" is left."""
+broadcast from trainer rank 0 to both engines every step. Then the agent is killed: the run
+fails with a line naming the lost node (no --max-run-restarts here: restarting the whole run is
+the chaos and resume tests' subject, and a second two-node attempt doubled this test's time); no
+process of either "node" is left."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from process_tree import DescendantTracker
 from slime_async.net import free_port
 from slime_async.tiny_model import build_tiny_model
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # two attempts of a two-node run
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _trained_steps(run_dir: Path) -> list[dict]:
@@ -53,9 +54,8 @@ def two_node_run(tmp_path_factory):
                "--actor-num-nodes", "2", "--actor-num-procs", "1", "--update-weight-transport", "distributed",
                "--node-ip", "127.0.0.1", "--agent-port", str(port), "--agent-wait-timeout", "60",
                "--trainer-num-threads", "1", "--cpu-engine-threads", "1",
-               # A checkpoint a step, one run restart; a step lasts 1 s more, so the kill lands mid-run.
-               "--save", str(root / "checkpoints"), "--save-interval", "1", "--max-run-restarts", "1",
-               "--train-step-delay", "1"]
+               # A step lasts 1 s more, so the kill lands mid-run.
+               "--max-run-restarts", "0", "--train-step-delay", "1"]
     with open(log_path, "wb") as log:
         head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
                                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
@@ -71,13 +71,7 @@ def two_node_run(tmp_path_factory):
         before_kill = log_path.read_text()
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait()
-        # Slurm or the operator brings the node's agent back; the restarted attempt waits for it.
-        replacement = start_agent(f"127.0.0.1:{port}", root / "agent-2.log")
-        agents.append(replacement)
-        trackers["agent-2"] = DescendantTracker(replacement.pid)
-        code = head.wait(timeout=400)
-        replacement.send_signal(signal.SIGTERM)
-        replacement.wait(timeout=30)
+        code = head.wait(timeout=300)
         survivors = {name: tracker.wait_all_gone(20) for name, tracker in trackers.items()}
         yield {"steps": steps, "placed": placed, "code": code, "before_kill": before_kill, "log": log_path.read_text(),
                "survivors": survivors, "final_steps": _trained_steps(run_dir)}
@@ -107,13 +101,12 @@ def test_the_two_node_group_trains_and_broadcasts_weights_to_both_engines(two_no
     assert "engines not serving the new version" not in two_node_run["before_kill"]
 
 
-def test_killing_the_agent_fails_the_attempt_naming_the_node_and_the_run_restarts_to_the_end(two_node_run):
+def test_killing_the_agent_fails_the_run_naming_the_node(two_node_run):
     after_kill = two_node_run["log"][len(two_node_run["before_kill"]):]
     failure = next(line for line in after_kill.splitlines() if line.startswith("error: "))
     assert f"lost the agent of node {SECOND_NODE}" in failure
-    assert "restart 1 of 1 from" in after_kill
-    assert two_node_run["code"] == 0
-    assert two_node_run["final_steps"][-1]["step"] == 4
+    assert two_node_run["code"] != 0
+    assert two_node_run["final_steps"][-1]["step"] < 4  # it did not train on without the node
 
 
 def test_no_process_of_either_node_survives(two_node_run):

@@ -110,7 +110,9 @@ async def test_a_killed_engine_loses_no_request_its_sessions_move_and_it_rejoins
         after_kill = {s: [url for s2, _, url in served[killed_at:] if s2 == s] for s in last_before_kill}
         moved = [s for s, url in last_before_kill.items() if url == urls[victim] and after_kill[s]]
         assert moved
-        assert all(urls[victim] not in after_kill[s] for s in moved)
+        # A session's first turn counted after the kill may be a response the victim sent just
+        # before it died (its task appends it after this test's kill): the later turns ran elsewhere.
+        assert all(urls[victim] not in after_kill[s][1:] for s in moved), after_kill
         assert metrics["router/session_moves"] >= 1
 
         # the supervisor restarts the engine on its port; the router lets it back in
