@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from actors.loop.cli import COMMANDS
+
 from slime_async.config.flags import ConfigError
 from slime_async.config.loader import preflight
 from actors.loop.run_config import parse_run_config
@@ -207,21 +209,31 @@ def test_an_unreadable_prompt_file_is_named(files, tmp_path):
         check(base(files) + ["--prompt-data", str(locked)])
 
 
-@pytest.mark.slow  # four `slime-async train` processes (~5 s each on an idle 2-core machine)
-@pytest.mark.parametrize("extra, flag", [
-    (["--hf-checkpoint", "{root}/nowhere"], "--hf-checkpoint"),
-    (["--lr", "-0.001"], "--lr"),
-    (["--custom-rm-path", "preflight_hooks:rm_without_sample"], "--custom-rm-path"),
-    (["--custom-generate-function-path", "no_such_module:generate"], "--custom-generate-function-path"),
-])
-def test_slime_async_train_exits_2_with_one_line_before_starting_anything(files, extra, flag):
-    run_dir = files["root"] / f"run-{flag.strip('-')}"
-    argv = base(files) + [arg.format(root=files["root"]) for arg in extra] + ["--run-dir", str(run_dir)]
+@pytest.mark.slow  # a `slime-async train` process (~5 s on an idle 2-core machine)
+def test_slime_async_train_exits_2_with_one_line_before_starting_anything(files):
+    run_dir = files["root"] / "run-hf-checkpoint"
+    argv = base(files) + ["--hf-checkpoint", str(files["root"] / "nowhere"), "--run-dir", str(run_dir)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(files["root"]), str(REPO)])}
     result = subprocess.run([sys.executable, "-m", "actors.loop.cli", "train", *argv], capture_output=True, text=True,
                             timeout=120, env=env, cwd=files["root"])
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("slime-async train: error:") and flag in lines[0], result.stderr
+    assert len(lines) == 1 and lines[0].startswith("slime-async train: error:") and "--hf-checkpoint" in lines[0]
     assert result.stdout == ""  # not even the config: it is printed once the run starts
     assert not run_dir.exists()  # the run never started: no run dir, no config dump, no children
+
+
+# The same through the CLI's train command in this process (a process each cost ~5 s of imports).
+@pytest.mark.parametrize("extra, flag", [
+    (["--lr", "-0.001"], "--lr"),
+    (["--custom-rm-path", "preflight_hooks:rm_without_sample"], "--custom-rm-path"),
+    (["--custom-generate-function-path", "no_such_module:generate"], "--custom-generate-function-path"),
+])
+def test_the_train_command_returns_2_with_one_line_before_starting_anything(files, extra, flag, capsys):
+    run_dir = files["root"] / f"run-{flag.strip('-')}"
+    argv = base(files) + [arg.format(root=files["root"]) for arg in extra] + ["--run-dir", str(run_dir)]
+    assert COMMANDS["train"][0](argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slime-async train: error:") and flag in lines[0], err
+    assert out == "" and not run_dir.exists()
