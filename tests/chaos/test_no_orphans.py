@@ -4,7 +4,7 @@ Every descendant is recorded while the run lives (psutil, every 0.2 s; tests/cha
 — engine, torchrun, the Megatron ranks, and what the ranks start when they save a checkpoint
 (megatron-core's async writer keeps a multiprocessing Manager and its resource tracker) — and
 each recorded PID must be gone within seconds of the kill or of the run's end. (kill -9 of the
-engine: test_engine_restart.py.)
+engine: test_engine_restart.py; of a trainer rank: tests/e2e/test_resume.py.)
 """
 
 import os
@@ -56,20 +56,6 @@ def test_kill_9_of_the_supervisor_leaves_no_descendant(launch, chaos_model, chao
     assert left == [], f"survived kill -9 of the supervisor: {left}"
 
 
-def test_kill_9_of_a_trainer_rank_leaves_no_descendant(launch, chaos_model, chaos_data, tmp_path):
-    save = tmp_path / "save"
-    steps = 4
-    run = launch(saving_argv(chaos_model, chaos_data, save, steps=steps))
-    wait_for_checkpoint(run, save, 2)
-    run.tracker.scan()
-    helpers = checkpoint_helpers(run)
-    assert helpers, "the checkpoint writer started no helper process: nothing to test"
-    rank = next(r for r in run.tracker.recorded() if is_trainer_rank(r.cmdline) and r.alive())
-    os.kill(rank.pid, signal.SIGKILL)
-    # The run restarts itself from its latest checkpoint and trains to the end.
-    assert run.wait() == 0, run.log()[-4000:]
-    assert "restart 1 of" in run.log()
-    assert [m["step"] for m in run.train_steps()][-1] == steps
-    left = run.tracker.wait_all_gone(10)
-    assert left == [], f"survived kill -9 of a trainer rank and the run's end: {left}"
+# A trainer rank's kill -9 (its checkpoint helpers included, and the run's restart to the end) is
+# tests/e2e/test_resume.py's run B.
 

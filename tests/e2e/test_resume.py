@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from transformers import AutoTokenizer
 
@@ -123,6 +124,9 @@ def crash_and_resume(tmp_path_factory):
     tracker_b.scan()
     ranks = [r.pid for r in tracker_b.recorded() if is_trainer_rank(r.cmdline) and r.alive()]
     assert ranks, "no trainer rank of run B found"
+    # The processes the ranks started (megatron's checkpoint writer: a Manager, a resource tracker):
+    # they must go too when their rank is killed.
+    helpers = [r for r in tracker_b.recorded() if r.alive() and _parent(r.pid) in ranks]
     os.kill(ranks[0], signal.SIGKILL)
     assert resumed.wait(timeout=600) == 0, (root / "run-b.log").read_text()[-4000:]
     recorded_b, left_b = tracker_b.recorded(), tracker_b.wait_all_gone(10)
@@ -131,7 +135,7 @@ def crash_and_resume(tmp_path_factory):
         tracker.kill_survivors()  # so a failing check leaves nothing to the rest of the suite
     metrics = [json.loads(line) for line in (root / "b" / "metrics.jsonl").read_text().splitlines()]
     return {"root": root, "order": order, "never_ends": never_ends, "save": save, "latest": latest,
-            "recorded": {"a": recorded_a, "b": recorded_b}, "left": {"a": left_a, "b": left_b},
+            "recorded": {"a": recorded_a, "b": recorded_b}, "left": {"a": left_a, "b": left_b}, "helpers": helpers,
             "log_b": (root / "run-b.log").read_text(), "metrics": [m for m in metrics if "train/version" in m]}
 
 
@@ -139,7 +143,15 @@ def test_no_process_a_run_started_outlives_a_kill_9_of_the_run_or_of_its_trainer
     # Every descendant recorded while the runs lived: engine, torchrun, ranks, checkpoint helpers.
     recorded = crash_and_resume["recorded"]
     assert any(is_trainer_rank(r.cmdline) for r in recorded["a"]) and any("actors.engine" in r.cmdline for r in recorded["a"])
+    assert crash_and_resume["helpers"], "the checkpoint writer started no helper process: nothing to test"
     assert crash_and_resume["left"] == {"a": [], "b": []}
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
 
 
 def test_the_resumed_run_continues_at_the_checkpointed_step_and_version(crash_and_resume):
