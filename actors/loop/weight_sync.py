@@ -174,11 +174,13 @@ class WeightSync:
         delta transport the last transfer's bytes on the wire (all engines), their share of a full
         transfer's, and how many engines got a full one."""
         out = {"router/engine_rejoins": float(self._rejoins)}
-        if self.transport == "delta" and self._delta_results:
+        if self.transport == "delta":  # no transfer at all when every engine was gone: 0 bytes, no ratio
             wire = sum(r.wire_bytes for r in self._delta_results)
             full = sum(r.full_bytes for r in self._delta_results)
-            out |= {"perf/weight_sync_wire_bytes": float(wire), "perf/weight_sync_wire_ratio": wire / max(full, 1),
+            out |= {"perf/weight_sync_wire_bytes": float(wire),
                     "perf/weight_sync_full_transfers": float(sum(r.mode == "full" for r in self._delta_results))}
+            if full:
+                out["perf/weight_sync_wire_ratio"] = wire / full
         return out
 
     @property

@@ -73,7 +73,8 @@ def test_kill_9_of_the_only_owned_engine_mid_run_completes_every_step(launch, ch
         assert_delta_transfers_served_every_export(run, STEPS)
         # The steps' metrics say the same: the first sync was full, the step syncs without a full one deltas.
         assert steps[0]["perf/weight_sync_full_transfers"] == 1.0
-        assert all(0 < m["perf/weight_sync_wire_ratio"] < 1 for m in steps if m["perf/weight_sync_full_transfers"] == 0)
+        assert all(0 < m["perf/weight_sync_wire_ratio"] < 1 for m in steps
+                   if m["perf/weight_sync_full_transfers"] == 0 and "perf/weight_sync_wire_ratio" in m)
 
 
 DELTA_LINE = re.compile(r"weight sync v(\d+) -> \S+: (delta|full) transfer, (\d+) bytes on the wire for (\d+) bytes "
@@ -86,7 +87,9 @@ def assert_delta_transfers_served_every_export(run, steps: int) -> None:
     transfers = [(int(v), mode, int(wire), int(raw), served)
                  for v, mode, wire, raw, served in DELTA_LINE.findall(run.log())]
     modes = [mode for _, mode, *_ in transfers]
-    assert modes[0] == "full" and modes.count("full") == 2 and len(transfers) >= steps + 1, transfers
+    # One transfer per step's sync; the restarted engine's full one is a rejoin of its own, or the
+    # step's sync itself when the engine answered again before the watcher came round.
+    assert modes[0] == "full" and modes.count("full") == 2 and len(transfers) >= steps, transfers
     # At this run's lr (1e-3, fp32) every weight moves, so a delta saves little here; benchmarks/delta_sync.py
     # measures a real model at an RL learning rate.
     assert all(wire < raw for _, mode, wire, raw, _ in transfers if mode == "delta"), transfers
