@@ -117,15 +117,21 @@ def hide(mounts):
     """Show each directory as an empty tmpfs, with the listed paths below it bound back (the
     interpreter's prefix under /root, a venv inside a hidden repository)."""
     for directory, keep in mounts:
-        sources = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep]
-        try:
-            mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-            for path, source in zip(keep, sources):
-                os.makedirs(path, mode=0o755, exist_ok=True)
-                mount(f"/proc/self/fd/{source}", path, None, MS_BIND | MS_REC)
-        finally:
-            for source in sources:
-                os.close(source)
+        tmpfs_keeping(directory, "size=1m,mode=0755", keep)
+
+
+def tmpfs_keeping(directory, options, keep):
+    """Mount a tmpfs on ``directory`` and bind the directories ``keep`` (paths below it) back into
+    it: they are opened before the tmpfs covers them."""
+    sources = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep]
+    try:
+        mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        for path, source in zip(keep, sources):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            mount(f"/proc/self/fd/{source}", path, None, MS_BIND | MS_REC)
+    finally:
+        for source in sources:
+            os.close(source)
 
 
 def prepare_workdir(spec):
@@ -147,16 +153,7 @@ def prepare_workdir(spec):
             options += f",uid={uid},gid={gid}"
         # An interpreter installed under /tmp (a checkout's venv there) would vanish under the
         # tmpfs: its directories are bound back inside it, read-only like the rest.
-        keep = spec["workdir_keep"]
-        sources = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in keep]
-        try:
-            mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, options)
-            for path, source in zip(keep, sources):
-                os.makedirs(path, mode=0o755, exist_ok=True)
-                mount(f"/proc/self/fd/{source}", path, None, MS_BIND | MS_REC)
-        finally:
-            for source in sources:
-                os.close(source)
+        tmpfs_keeping(workdir, options, spec["workdir_keep"])
         for other in ("/var/tmp", "/dev/shm"):
             if os.path.isdir(other):
                 try:
