@@ -15,12 +15,12 @@ model's sharded state dict, so it loads at any TP. Layout of a Megatron checkpoi
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from slime_async.child_env import child_env
+from slime_async.net import free_port
 
 MODEL_SUBDIR = "model"
 HF_METADATA_SUBDIR = "hf"
@@ -39,19 +39,13 @@ def megatron_to_hf(load_dir: str | Path, save_dir: str | Path, tp: int = 1) -> N
     _launch(tp, ["megatron-to-hf", "--load", str(load_dir), "--save", str(save_dir)])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(tp: int, worker_args: list[str]) -> None:
     if tp < 1:
         raise ValueError(f"--tensor-model-parallel-size must be >= 1, got {tp}")
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc-per-node", str(tp),
-        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
         "-m", "actors.trainer.convert", "--worker", *worker_args,
         "--tensor-model-parallel-size", str(tp),
     ]
