@@ -29,6 +29,7 @@ from actors.loop.config import WeightTransport, WeightUpdateMode
 from actors.trainer.protocol import TensorMeta, WeightGroupSpec
 from slime_async.actor import ActorRef
 from slime_async.engine_client import EngineClient, EngineConnectionError
+from slime_async.trace import TraceRecorder
 from slime_async.weight_delta.sender import DeltaSender, PushResult, Snapshot
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class WeightSync:
     _delta_results: list[PushResult] = field(default_factory=list, init=False, repr=False)
     # Multi-node runs: fails when an engine's node cannot read what the trainer exports (disk transport).
     export_dir_check: Callable[[], Awaitable[None]] | None = None
+    # --trace-dir: each sync is a span on the timeline, its pause, transfer and resume inside it.
+    trace: TraceRecorder = field(default_factory=TraceRecorder.off, repr=False)
 
     async def check_engines(self) -> None:
         """Fail at start, not at the first sync, when the engines cannot take this transport."""
@@ -88,18 +91,25 @@ class WeightSync:
 
     async def _sync(self, version: int) -> float:
         started = time.monotonic()
+        lane = self.trace.lane("weight sync", "sync")
+        sync_span = self.trace.now()
         # A drain waits for the generations in flight, which the router's per-call timeout bounds.
-        await self.router.ask("pause", _ROUTER_PAUSE[self.mode], timeout=self.timeout if self.mode == "abort" else None)
+        with self.trace.span("pause", lane, cat="weight_sync", mode=self.mode):
+            await self.router.ask("pause", _ROUTER_PAUSE[self.mode], timeout=self.timeout if self.mode == "abort" else None)
         urls = [engine["url"] for engine in await self.router.ask("engines") if engine["health"] != "down"]
-        async with aiohttp.ClientSession() as session:
-            clients = [EngineClient(url, session=session, api_key=self.api_key) for url in urls]
-            if self.transport == "disk":
-                await self._via_disk(clients, version)
-            elif self.transport == "delta":
-                await self._via_delta(clients, version)
-            else:
-                await self._via_broadcast(clients, version)
-        states = await self.router.ask("resume", str(version), timeout=self.timeout)
+        with self.trace.span(f"transfer ({self.transport})", lane, cat="weight_sync", engines=len(urls)):
+            async with aiohttp.ClientSession() as session:
+                clients = [EngineClient(url, session=session, api_key=self.api_key) for url in urls]
+                if self.transport == "disk":
+                    await self._via_disk(clients, version)
+                elif self.transport == "delta":
+                    await self._via_delta(clients, version)
+                else:
+                    await self._via_broadcast(clients, version)
+        with self.trace.span("resume", lane, cat="weight_sync"):
+            states = await self.router.ask("resume", str(version), timeout=self.timeout)
+        self.trace.record(f"weight sync v{version}", lane, sync_span, cat="weight_sync", version=version,
+                          transport=self.transport, mode=self.mode)
         self._version = version
         behind = {url: state for url, state in states.items() if state != "up"}
         if behind:
