@@ -46,6 +46,7 @@ from slime_async.engine_client import (
     RetryPolicy,
     new_engine_session,
 )
+from slime_async.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,12 @@ class RouterActor(Actor):
         api_key: str | None = None,
         model: TextModel | None = None,
         name: str | None = None,
+        trace: TraceRecorder | None = None,
     ):
         """``model`` (tokenizer and chat template) turns on the HTTP front (http_front.py) at
         ``--router-host``/``--router-port``; ``api_key`` is the engines' key. ``config`` is
-        validated where it is parsed (``slime-async train``, ``slime-async router``)."""
+        validated where it is parsed (``slime-async train``, ``slime-async router``). ``trace``
+        (--trace-dir): every request sent to an engine is a span on that engine's lanes."""
         super().__init__(name)
         self.config = config
         self.policy = RoutingPolicy(config.router_policy)
@@ -84,6 +87,7 @@ class RouterActor(Actor):
         self._changed = asyncio.Event()
         self._http: aiohttp.ClientSession | None = None
         self._front = HttpFront(config, model) if model is not None else None
+        self._trace = trace or TraceRecorder.off()
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -114,6 +118,7 @@ class RouterActor(Actor):
         session_id: str | None = None,
         rid: str | None = None,
         return_logprob: bool = True,
+        trace_args: dict[str, Any] | None = None,
     ) -> Deferred:
         """Generate on one engine; returns SGLang's response dict plus ``engine_url``.
 
@@ -121,10 +126,11 @@ class RouterActor(Actor):
         a request may wait for a weight sync or a long generation. After a connection error
         the request is sent again, from ``input_ids``, to another engine: whatever the dead
         engine had generated is lost. An aborted request (pause "abort") returns normally with
-        ``finish_reason.type == "abort"`` and the tokens so far."""
+        ``finish_reason.type == "abort"`` and the tokens so far. ``trace_args`` (the sample's
+        ids, ...) go on the request's span in the --trace-dir timeline."""
         if input_ids and isinstance(input_ids[0], list):
             raise ValueError("router.generate takes one prompt (a list of token ids), not a batch")
-        return self.defer(self._serve(input_ids, sampling_params, session_id, rid, return_logprob))
+        return self.defer(self._serve(input_ids, sampling_params, session_id, rid, return_logprob, trace_args))
 
     def end_session(self, session_id: str) -> None:
         """Forget a finished session (its affinity is no longer worth anything)."""
@@ -239,12 +245,14 @@ class RouterActor(Actor):
         session_id: str | None,
         rid: str | None,
         return_logprob: bool,
+        trace_args: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         retries_left = self.config.router_request_retries
         failures: list[str] = []
         while True:
             engine = self._pick(session_id) or await self._wait_for_engine(session_id)
             engine.in_flight += 1
+            sent, response = self._trace.now(), None
             try:
                 response = await self._send(engine, input_ids, sampling_params, rid, return_logprob)
             except EngineConnectionError as error:
@@ -265,6 +273,7 @@ class RouterActor(Actor):
                 raise
             finally:
                 engine.in_flight -= 1
+                self._trace_request(engine, sent, len(input_ids), response, trace_args)
                 if engine.paused:
                     self._notify()  # a pause may be waiting for this engine to go quiet
             self._record(engine, response)
@@ -302,6 +311,20 @@ class RouterActor(Actor):
             ) from None
         finally:
             engine.calls.discard(call)
+
+    def _trace_request(self, engine: EngineState, sent: float, prompt_tokens: int, response: dict[str, Any] | None,
+                       trace_args: dict[str, Any] | None) -> None:
+        """The request's span on its engine's lanes (one per request in flight there)."""
+        if not self._trace.enabled:
+            return
+        meta = (response or {}).get("meta_info") or {}
+        finish = meta.get("finish_reason")
+        args = dict(trace_args or {}) | {
+            "prompt_tokens": prompt_tokens, "completion_tokens": meta.get("completion_tokens"),
+            "version": meta.get("weight_version"),
+            "finish": finish.get("type") if isinstance(finish, dict) else ("error" if response is None else None)}
+        self._trace.record("generate", self._trace.pool(f"engine {engine_tag(engine.url)}", "request"), sent,
+                           cat="generate", **args)
 
     def _pick(self, session_id: str | None) -> EngineState | None:
         """Choose and bind an engine now, or None when no engine is routable."""
