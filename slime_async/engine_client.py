@@ -362,7 +362,9 @@ class EngineClient:
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """Receive the named tensors by broadcast from the group's rank 0 (the trainer),
-        which must broadcast them in this order while this call is pending."""
+        which must broadcast them in this order while this call is pending: one broadcast per
+        tensor, or with ``load_format="flattened_bucket"`` one of all their bytes back to back
+        (SGLang's FlattenedTensorBucket; slime_async.flat_bucket)."""
         payload: dict[str, Any] = {
             "names": names,
             "dtypes": dtypes,
@@ -378,6 +380,7 @@ class EngineClient:
         self, group_name: str = "weight_update_group", *, timeout: float | None = None
     ) -> dict[str, Any]:
         return await self._call_update(
+        load_format: str | None = None,
             "/destroy_weights_update_group", {"group_name": group_name}, timeout, _Retry.IDEMPOTENT
         )
 
@@ -391,6 +394,8 @@ class EngineClient:
         return True
 
     async def _call_renamed(self, endpoint: str, old_endpoint: str, timeout: float | None) -> dict[str, Any]:
+        if load_format is not None:
+            payload["load_format"] = load_format
         """GET an endpoint SGLang renamed: 0.5.17 deprecates `/get_*_info` in favour of `/*_info`,
         which older versions lack. The first 404 on the new name switches this client to the old one."""
         if endpoint not in self._old_endpoints:

@@ -36,22 +36,18 @@ def init_custom_process_group(
     rank: int,
     group_name: str,
     timeout: timedelta = DEFAULT_TIMEOUT,
+    store: dist.Store | None = None,
 ) -> dist.ProcessGroup:
     """Create a `world_size` group over `init_method` (e.g. "tcp://127.0.0.1:29555").
 
     Blocks until every rank has joined. Does not create, use or require the default group.
+    ``store``: rank 0's own store, already listening at ``init_method`` (`listening_store`), used
+    instead of binding the port here; several groups (other names) can meet on one store.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size} for group {group_name!r}")
-    # Under torchrun, TORCHELASTIC_USE_AGENT_STORE makes a tcp:// rendezvous connect to
-    # torchrun's agent store as a client instead of hosting the store at the given address as
-    # rank 0, and the engines would wait forever. This group is not torchrun's.
-    saved = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-    try:
-        store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
-    finally:
-        if saved is not None:
-            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = saved
+    if store is None:
+        store = _rendezvous(init_method, rank, world_size, timeout)
     store.set_timeout(timeout)
     # SGLang (and verl/slime, which share its helper) put the group's store under a prefix of
     # the group name before c10d adds its own: without the same prefix the two sides look up
@@ -72,6 +68,29 @@ def init_custom_process_group(
     # Collectives translate `src`/`dst` through this map; identity = ranks of this group.
     c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     return group
+
+
+def listening_store(host: str, timeout: timedelta = DEFAULT_TIMEOUT) -> dist.TCPStore:
+    """A TCP store that rank 0 hosts on a port the OS picks and holds from now on (``.port``).
+
+    Binding first and reporting the port after is what keeps anyone else from taking it in
+    between: a port chosen free, released and bound later can be taken by then (EADDRINUSE).
+    The other ranks connect to it as clients through a plain ``tcp://host:port`` rendezvous.
+    """
+    return dist.TCPStore(host, 0, None, True, timeout=timeout, wait_for_workers=False)
+
+
+def _rendezvous(init_method: str, rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    # Under torchrun, TORCHELASTIC_USE_AGENT_STORE makes a tcp:// rendezvous connect to
+    # torchrun's agent store as a client instead of hosting the store at the given address as
+    # rank 0, and the engines would wait forever. This group is not torchrun's.
+    saved = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    try:
+        store, _, _ = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
+    finally:
+        if saved is not None:
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = saved
+    return store
 
 
 def destroy_custom_process_group(group: dist.ProcessGroup) -> None:

@@ -26,7 +26,8 @@ from typing import Any
 import aiohttp
 
 from actors.loop.config import WeightTransport, WeightUpdateMode
-from actors.trainer.protocol import TensorMeta, WeightGroupSpec
+from actors.loop.weight_group import EngineSetGroup, engine_identity, join_group, leave_group, send_weights
+from actors.trainer.protocol import WeightGroupSpec
 from slime_async.actor import ActorRef
 from slime_async.engine_client import EngineClient, EngineConnectionError
 from slime_async.trace import TraceRecorder
@@ -60,7 +61,9 @@ class WeightSync:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
     _version: int | None = field(default=None, init=False)  # the version the engines were last brought to
     _rejoins: int = field(default=0, init=False)  # engines brought to the current version after a (re)join
-    _attempts: int = field(default=0, init=False)  # names each broadcast group uniquely
+    _attempts: int = field(default=0, init=False)  # names each rejoin's one-off group uniquely
+    # distributed transport: the group of the engine set, kept across syncs (weight_group.py).
+    _group: EngineSetGroup | None = field(default=None, init=False, repr=False)
     # delta transport: the last version sent (what a delta is computed against) and the
     # transfers of the last sync.
     _delta: DeltaSender = field(default_factory=DeltaSender, init=False, repr=False)
@@ -160,7 +163,11 @@ class WeightSync:
                     # brings the engine in line with the others.
                     self._attempts += 1
                     await self._via_broadcast([client], version, group_name=f"weights-v{version}-rejoin{self._attempts}")
+                    # A group of its own, once: the engine set's group is rebuilt at the next sync,
+                    # as this engine restarted (it lost its place in that group).
         finally:
+                    if self._group is not None:
+                        self._group.forget()
             states = await self.router.ask("resume", str(version), urls=[url], timeout=self.timeout)
         state = states.get(url, "unknown")
         if state == "up":
@@ -186,6 +193,8 @@ class WeightSync:
         out = {"router/engine_rejoins": float(self._rejoins)}
         if self.transport == "delta":  # no transfer at all when every engine was gone: 0 bytes, no ratio
             wire = sum(r.wire_bytes for r in self._delta_results)
+        if self.transport == "distributed":
+            out["perf/weight_sync_group_inits"] = float(self._group.inits if self._group is not None else 0)
             full = sum(r.full_bytes for r in self._delta_results)
             out |= {"perf/weight_sync_wire_bytes": float(wire),
                     "perf/weight_sync_full_transfers": float(sum(r.mode == "full" for r in self._delta_results))}
@@ -257,16 +266,26 @@ class WeightSync:
             if not clients:
                 return
         rank_offsets, world_size = broadcast_layout([c.url for c in clients], infos)
-        # The group's master is trainer rank 0, on whichever node holds it (slime_async.cluster).
-        master_address, master_port = await self.trainer.ask("weight_master", timeout=self.timeout)
-        spec = WeightGroupSpec(master_address=master_address, master_port=master_port, world_size=world_size,
-                               group_name=group_name or f"weights-v{version}", backend="gloo" if not _cuda() else "nccl")
         try:
-            await update_engine_weights(self.trainer, clients, spec, rank_offsets=rank_offsets,
-                                        weight_version=str(version), timeout=self.timeout)
+            if group_name is not None:  # a one-off group (a rejoining engine)
+                # The group's master is trainer rank 0, on whichever node holds it (slime_async.cluster).
+                master_address, master_port = await self.trainer.ask("weight_master", timeout=self.timeout)
+                spec = WeightGroupSpec(master_address=master_address, master_port=master_port, world_size=world_size,
+                                       group_name=group_name, backend=_backend())
+                await update_engine_weights(self.trainer, clients, spec, rank_offsets=rank_offsets,
+                                            weight_version=str(version), timeout=self.timeout)
+            else:
+                if self._group is None:
+                    self._group = EngineSetGroup(self.trainer, _backend(), timeout=self.timeout)
+                spec = await self._group.ensure(clients, [engine_identity(i) for i in infos], rank_offsets, world_size)
+                await send_weights(self.trainer, clients, spec.group_name, str(version), timeout=self.timeout)
         except Exception as error:
             gone = [c.url for c, up in zip(clients, await asyncio.gather(*(_answers(c) for c in clients))) if not up]
             if not gone and not _lost_connection(error):
+            if group_name is None and self._group is not None:
+                # Its peers are out of step (the trainer's side destroyed itself): the next sync
+                # builds a new group, destroying what is left of this one on the engines first.
+                self._group.forget()
                 raise
             gone = gone or [c.url for c in clients]
             # An engine died during the collective (killed, crashed): the others may hold a part of
@@ -279,6 +298,14 @@ class WeightSync:
 
     async def _layout(self, clients: list[EngineClient]) -> tuple[list[int], int]:
         infos = await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients))
+    async def close(self) -> None:
+        """At shutdown: tear down the engine set's weight-update group (trainer and engines)."""
+        if self._group is None or self._group.spec is None:
+            return
+        urls = [m.url for m in self._group.members]
+        async with aiohttp.ClientSession() as session:
+            await self._group.close([EngineClient(url, session=session, api_key=self.api_key) for url in urls])
+
         return broadcast_layout([c.url for c in clients], infos)
 
     @staticmethod
@@ -310,46 +337,20 @@ async def update_engine_weights(
     timeout: float | None = None,
     rank_offsets: Sequence[int] | None = None,
 ) -> int:
-    """Distributed weight update of ``engines`` (EngineClients) from trainer rank 0.
+    """Distributed weight update of ``engines`` (EngineClients) from trainer rank 0 over a one-off group.
+    flattened: bool = True,
 
     ``rank_offsets``: each engine's first rank in the group (default one rank each: 1, 2, ...).
-    Runs the trainer and engine halves of each step concurrently, as the collective needs:
-    group init; then the broadcast while the buckets are POSTed one after another to every
-    engine. The group is destroyed at the end. Returns the number of tensors sent.
+    Joins the group, broadcasts (``weight_group.send_weights``), destroys the group. A sync keeps
+    its group instead (``EngineSetGroup``). Returns the number of tensors sent.
     """
     offsets = list(rank_offsets) if rank_offsets is not None else [i + 1 for i in range(len(engines))]
-    buckets: list[list[TensorMeta]] = await trainer.ask("weight_metadata", timeout=timeout)
-    await asyncio.gather(
-        trainer.ask("init_weight_group", spec, timeout=timeout),
-        *(
-            engine.init_weights_update_group(
-                spec.master_address, spec.master_port, offset, spec.world_size, spec.group_name, spec.backend
-            )
-            for engine, offset in zip(engines, offsets, strict=True)
-        ),
-    )
-
-    async def post_buckets(engine: Any) -> None:
-        for bucket in buckets:
-            answer = await engine.update_weights_from_distributed(
-                [m.name for m in bucket], [m.dtype for m in bucket], [list(m.shape) for m in bucket],
-                spec.group_name, weight_version,
-            )
-            if isinstance(answer, dict) and not answer.get("success", True):
-                raise RuntimeError(f"engine rejected the weight update: {answer.get('message')}")
-
+    await join_group(trainer, engines, spec, offsets, timeout=timeout)
     try:
-        results = await asyncio.gather(
-            trainer.ask("broadcast_weights", spec.group_name, timeout=timeout),
-            *(post_buckets(engine) for engine in engines),
-        )
+        return await send_weights(trainer, engines, spec.group_name, weight_version, timeout=timeout,
+                                  flattened=flattened)
     finally:
-        await asyncio.gather(
-            trainer.ask("destroy_weight_group", spec.group_name, timeout=timeout),
-            *(engine.destroy_weights_update_group(spec.group_name) for engine in engines),
-            return_exceptions=True,
-        )
-    return int(results[0])
+        await leave_group(trainer, engines, spec.group_name, timeout=timeout)
 
 
 async def _answers(client: EngineClient) -> bool:
@@ -389,7 +390,7 @@ def broadcast_layout(urls: Sequence[str], server_infos: Sequence[Mapping[str, An
     return offsets, next_rank
 
 
-def _cuda() -> bool:
+def _backend() -> str:
     import torch
 
-    return torch.cuda.is_available()
+    return "nccl" if torch.cuda.is_available() else "gloo"

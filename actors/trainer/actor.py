@@ -474,9 +474,10 @@ class TrainerActor(Actor):
         """Trainer rank 0 joins the broadcast group (engines must join concurrently)."""
         return self.defer(self._all("init_weight_group", spec))
 
-    def broadcast_weights(self, group_name: str = "weight_update_group") -> Deferred:
-        """Rank 0 broadcasts every bucket (engines must receive each bucket concurrently)."""
-        return self.defer(self._first_of(self._all("broadcast_weights", group_name)))
+    def broadcast_weights(self, group_name: str = "weight_update_group", flattened: bool = True) -> Deferred:
+        """Rank 0 broadcasts every bucket (engines must receive each bucket concurrently):
+        one flat buffer per bucket, or (``flattened=False``) one broadcast per tensor."""
+        return self.defer(self._first_of(self._all("broadcast_weights", group_name, flattened=flattened)))
 
     def destroy_weight_group(self, group_name: str = "weight_update_group") -> Deferred:
         return self.defer(self._all("destroy_weight_group", group_name))
@@ -485,13 +486,13 @@ class TrainerActor(Actor):
         return list(self.ranks)
 
     def weight_master(self) -> Deferred:
-        """(address, free port) on trainer rank 0's node: the master of a distributed weight update."""
+        """(address, port) of the store trainer rank 0 hosts for every weight-update group: the
+        rank binds the port itself before it is reported, so nothing can take it in between."""
         return self.defer(self._weight_master())
 
     async def _weight_master(self) -> tuple[str, int]:
         address = next((info.node_ip for info in self.ranks if info.rank == 0 and info.node_ip), self.nodes[0].address)
-        node = next((n for n in self.nodes if n.address == address), self.nodes[0])
-        return address, await node.free_port()
+        return address, await self._first_of(self._all("weight_store_port"))
 
     # ----- the critic (PPO's value model, its own torchrun group) -----------------------------------
     def critic_rank_info(self) -> list[RankInfo]:

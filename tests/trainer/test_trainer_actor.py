@@ -2,8 +2,9 @@
 
 Three launches, each a scenario recorded once per session and asserted on by several tests:
 - ``tp2``: 2 ranks, TP=2 (the qwen2 tiny model's vocab of 127 is padded to 128): logprobs,
-  reference, 4 train steps with a ticker, HF export, weight broadcast into a CPU engine, and
-  finally kill -9 of rank 1;
+  reference, 4 train steps with a ticker, HF export, weight broadcast into a CPU engine, three
+  syncs over one kept weight-update group, kill -9 and restart of the engine (the group is
+  rebuilt), and finally kill -9 of rank 1;
 - ``dp2``: 2 ranks, DP=2, TP=1: the same 3 steps (TP=1 vs TP=2), save, a 4th step, then SFT;
 - ``resumed``: a new dp2 group loads that checkpoint and takes the 4th step again.
 """
@@ -11,14 +12,20 @@ Three launches, each a scenario recorded once per session and asserted on by sev
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import pytest
+import torch
+from safetensors.torch import load_file
 
+from actors.loop.weight_group import EngineSetGroup, engine_identity, send_weights
 from actors.loop.weight_sync import update_engine_weights
 from actors.trainer.actor import TrainerRankDied
 from actors.trainer.protocol import TrainerOpError, WeightGroupSpec
@@ -64,6 +71,9 @@ class Run:
     ckpt_dir: Path | None = None
     op_error: BaseException | None = None
     alive_after_op_error: bool = False
+    # the kept weight-update group (EngineSetGroup) and the store port
+    squatter_errno: int | None = None  # binding the reported store port right after weight_master
+    group: dict = field(default_factory=dict)
 
 
 async def _logprobs(trainer, batch, model="actor"):
@@ -103,6 +113,8 @@ async def _tp2_scenario(hf_dir: Path, work: Path) -> Run:
                 run.engine_tokens = list(answer["output_ids"])
 
             print(f"tp2: weights synced after {time.monotonic() - t0:.1f} s")
+            engine_ref = await _kept_group_scenario(run, trainer, engine_ref, url, hf_dir, work)
+            print(f"tp2: kept group and engine restart done after {time.monotonic() - t0:.1f} s")
             # kill -9 a rank while a step is in flight.
             info = (await trainer.ask("rank_info"))[1]
             run.killed_rank = info.rank
@@ -123,6 +135,75 @@ async def _tp2_scenario(hf_dir: Path, work: Path) -> Run:
     finally:
         await engine_ref.stop()
     return run
+
+
+async def _kept_group_scenario(run: Run, trainer, engine_ref, url: str, hf_dir: Path, work: Path):
+    """Three syncs over one EngineSetGroup, then kill -9 and restart of the engine on its port and a
+    sync that rebuilds the group. Returns the running engine's ref."""
+    _, port = await trainer.ask("weight_master")
+    with socket.socket() as squatter:  # what took a free_port() port before the trainer bound it
+        try:
+            squatter.bind(("127.0.0.1", port))
+        except OSError as error:
+            run.squatter_errno = error.errno
+    group = EngineSetGroup(trainer, "gloo", timeout=120)
+
+    async def sync(session: aiohttp.ClientSession, version: int) -> dict:
+        engine = EngineClient(url, session=session)
+        info = await engine.get_server_info()
+        spec = await group.ensure([engine], [engine_identity(info)], [1], 2)
+        run.tensors_sent = await send_weights(trainer, [engine], spec.group_name, str(version), timeout=120)
+        return info
+
+    async with aiohttp.ClientSession() as session:
+        engine = EngineClient(url, session=session)
+        # Back to the initial weights, so that only the syncs below can bring the trained ones.
+        await engine.update_weights_from_disk(str(hf_dir))
+        first = await sync(session, 2)
+        await sync(session, 3)
+        await sync(session, 4)
+        after = await engine.get_server_info()
+        run.group |= {"inits_3_syncs": group.inits,
+                      "engine_inits_3_syncs": after["weights_update_group_inits"] - first["weights_update_group_inits"],
+                      "weights_3_syncs": await _engine_weights(session, url, run.export_dir)}
+        pid = after["pid"]
+        os.kill(pid, signal.SIGKILL)
+        await engine_ref.stop()
+        # The trainer's side of the group notices the dead peer in the next broadcast and drops it.
+        try:
+            await send_weights(trainer, [engine], group.spec.group_name, "5", timeout=120)
+        except Exception as error:  # noqa: BLE001 - recorded for the assertions
+            run.group["dead_broadcast_error"] = str(error)
+        run.group["trainer_kept_group"] = await _trainer_has_group(trainer, group.spec.group_name)
+        engine_ref, _ = await start_cpu_engine(hf_dir, work / "logs-restarted", port=int(url.rsplit(":", 1)[1]))
+        restarted = await sync(session, 6)
+        run.group |= {"inits_after_restart": group.inits,
+                      "restarted_engine_inits": (await engine.get_server_info())["weights_update_group_inits"],
+                      "restarted_engine_weights": await _engine_weights(session, url, run.export_dir),
+                      "restarted_pid_differs": restarted["pid"] != pid}
+        await group.close([engine])
+    return engine_ref
+
+
+async def _engine_weights(session: aiohttp.ClientSession, url: str, export_dir: Path) -> dict[str, bool]:
+    """name -> whether the engine serves exactly the exported tensor."""
+    exported = {}
+    for path in sorted(export_dir.glob("*.safetensors")):
+        exported |= load_file(str(path))
+    same = {}
+    for name, tensor in exported.items():
+        async with session.post(f"{url}/get_weights_by_name", json={"name": name, "truncate_size": 10**9}) as answer:
+            served = torch.tensor(await answer.json(), dtype=torch.float32)
+        same[name] = torch.equal(served, tensor.to(torch.float32))
+    return same
+
+
+async def _trainer_has_group(trainer, group_name: str) -> bool:
+    try:
+        await trainer.ask("broadcast_weights", group_name, timeout=120)
+    except TrainerOpError as error:
+        return "no weight update group" not in str(error)
+    return True
 
 
 async def _dp2_scenario(hf_dir: Path, work: Path) -> Run:
@@ -295,6 +376,32 @@ def test_exported_hf_checkpoint_loads_in_transformers_and_matches_the_trainer(tp
 def test_distributed_weight_update_makes_the_cpu_engine_greedy_equal_transformers_on_the_export(tp2_run):
     assert tp2_run.tensors_sent > 0
     assert tp2_run.engine_tokens == transformers_greedy(tp2_run.export_dir, GREEDY_PROMPT, 8)
+
+
+def test_the_store_port_is_held_by_the_trainer_from_the_moment_it_is_reported(tp2_run):
+    # free_port() chose a port and released it; taken by anyone before the trainer's store bound
+    # it, the group init failed with EADDRINUSE (a GPU run crashed that way at its 8th sync).
+    assert tp2_run.squatter_errno == errno.EADDRINUSE
+
+
+def test_one_weight_update_group_serves_three_syncs_and_flattened_buckets_arrive_bit_exact(tp2_run):
+    group = tp2_run.group
+    assert group["inits_3_syncs"] == 1 and group["engine_inits_3_syncs"] == 1
+    weights = group["weights_3_syncs"]
+    assert weights and all(weights.values()), [name for name, same in weights.items() if not same]
+
+
+def test_a_broadcast_to_a_killed_engine_fails_and_the_trainer_drops_the_group(tp2_run):
+    assert "Connection closed by peer" in tp2_run.group["dead_broadcast_error"]
+    assert tp2_run.group["trainer_kept_group"] is False
+
+
+def test_an_engine_restarted_on_its_port_gets_a_new_group_and_the_exact_weights(tp2_run):
+    group = tp2_run.group
+    assert group["restarted_pid_differs"]
+    assert group["inits_after_restart"] == 2 and group["restarted_engine_inits"] == 1
+    weights = group["restarted_engine_weights"]
+    assert weights and all(weights.values()), [name for name, same in weights.items() if not same]
 
 
 def test_an_op_that_raises_on_the_ranks_reports_rank_and_traceback_and_the_trainer_lives_on(dp2_run):

@@ -110,9 +110,10 @@ def transformers_greedy(hf_dir: Path, prompt: list[int], max_new_tokens: int) ->
 
 
 
-async def start_cpu_engine(model_dir: Path, log_dir: Path) -> tuple[ActorRef, str]:
-    """The embedded CPU engine as a process child; returns (its ref, its URL) once healthy."""
-    port = free_port()
+async def start_cpu_engine(model_dir: Path, log_dir: Path, port: int | None = None) -> tuple[ActorRef, str]:
+    """The embedded CPU engine as a process child (on ``port``, default a free one); returns
+    (its ref, its URL) once healthy."""
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     spec = ProcessSpec(
         name="cpu-engine",

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import sys
 import time
 import uuid
@@ -31,6 +32,7 @@ from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
 from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
 from actors.engine.cpu.scheduler import PAUSE_MODES, Request, Scheduler, SchedulerConfig
 from slime_async.net import serve_until_signalled
+from slime_async import flat_bucket
 from slime_async.runtime import run as run_event_loop
 from slime_async.weight_delta import codec as weight_codec
 from slime_async.weight_delta import receiver as weight_delta
@@ -70,6 +72,10 @@ class EngineServer:
         self.groups: dict[str, dist.ProcessGroup] = {}
         # Weight updates are serialised: two concurrent swaps would interleave staging.
         self._update_lock = asyncio.Lock()
+        self.group_inits = 0  # weight-update groups joined since start (/server_info)
+        # Tells this process from a restart on the same port: a restarted engine has lost its
+        # weight-update group, and the trainer builds a new one when the id changes.
+        self.instance_id = uuid.uuid4().hex
         # SGLang's model_update_lock: every /generate holds the read side until it answers, a
         # weight swap takes the write side unless generation is paused. Writer-preferring, so
         # requests that arrive while a swap waits queue behind it.
@@ -109,6 +115,8 @@ class EngineServer:
             ]
         )
         app.on_startup.append(self._on_startup)
+                web.get("/get_weights_by_name", self.get_weights_by_name),
+                web.post("/get_weights_by_name", self.get_weights_by_name),
         app.on_cleanup.append(self._on_cleanup)
         return app
 
@@ -220,6 +228,9 @@ class EngineServer:
 
     async def v1_loads(self, _request: web.Request) -> web.Response:
         load = await self._control(self.scheduler.loads)
+                "instance_id": self.instance_id,
+                "pid": os.getpid(),
+                "weights_update_group_inits": self.group_inits,
         stats = self.scheduler.stats
         entry = {
             "dp_rank": 0,
@@ -366,6 +377,20 @@ class EngineServer:
         group_name = body.get("group_name", "weight_update_group")
         backend = body.get("backend", "gloo")
         if backend != "gloo":
+    async def get_weights_by_name(self, request: web.Request) -> web.Response:
+        """SGLang's test endpoint: a parameter as float32 nested lists, its first ``truncate_size`` rows."""
+        try:
+            body = await _read_json(request)
+            name = _require(body, "name", str)
+            truncate_size = int(body.get("truncate_size", 100))
+        except (BadRequest, TypeError, ValueError) as exc:
+            return _error(str(exc))
+        try:
+            tensor = await self._control(lambda: self.runner.served([name])[name].to(torch.float32).clone())
+        except KeyError:
+            return _error(f"no parameter named {name!r}", status=404)
+        return _json(tensor.tolist()[:truncate_size])
+
             return _json(
                 {"success": False, "message": f"the CPU engine only supports backend 'gloo', got {backend!r}"},
                 status=400,
@@ -394,6 +419,7 @@ class EngineServer:
             return _json({"success": False, "message": str(exc)}, status=400)
         group_name = body.get("group_name", "weight_update_group")
         group = self.groups.get(group_name)
+        self.group_inits += 1
         if group is None:
             return _json(
                 {
@@ -409,11 +435,18 @@ class EngineServer:
             except WeightUpdateError as exc:
                 rejection = exc
             try:
-                buffers = self.runner.receive_buffers(dtypes, shapes)
                 # Receive even a rejected announcement: rank 0 broadcasts regardless, and an
                 # unmatched broadcast would leave the group out of step for the next update.
-                await asyncio.to_thread(_receive_broadcast, group, buffers)
+                if load_format == "flattened_bucket":
+                    buffers = await asyncio.to_thread(_receive_flat_bucket, group, dtypes, shapes)
+                else:
+                    buffers = self.runner.receive_buffers(dtypes, shapes)
+                    await asyncio.to_thread(_receive_broadcast, group, buffers)
             except Exception as exc:
+        load_format = body.get("load_format")
+        if load_format not in (None, "flattened_bucket"):
+            return _json({"success": False, "message": f"load_format {load_format!r}: the CPU engine receives "
+                          "one broadcast per tensor (none) or per bucket ('flattened_bucket')"}, status=400)
                 message = str(rejection or exc)
                 return _json({"success": False, "message": f"Failed to update weights: {message}"}, status=400)
             if rejection is not None:
@@ -480,6 +513,21 @@ async def _read_json(request: web.Request, allow_empty: bool = False) -> Any:
         raise BadRequest("request body is empty; expected JSON")
     try:
         return orjson.loads(raw)
+def _receive_flat_bucket(group: dist.ProcessGroup, dtypes: list[str], shapes: list[list[int]]) -> list[torch.Tensor]:
+    """One broadcast of the bucket's bytes (SGLang's FlattenedTensorBucket layout), split into its tensors."""
+    parsed = [_torch_dtype(d) for d in dtypes]
+    flat = torch.empty(flat_bucket.nbytes(parsed, shapes), dtype=torch.uint8)
+    dist.broadcast(flat, src=0, group=group)
+    return flat_bucket.unflatten(flat, parsed, shapes)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"malformed JSON body: {exc}") from exc
 
