@@ -61,16 +61,8 @@ class TrainerOps(MegatronRank):
     def _micro_batches(self, batch: Batch) -> list[Batch]:
         return [batch.select(g) for g in self._micro_batch_indices(batch)]
 
-    def _token_stats(self, mb: dict[str, Any], output: torch.Tensor, temperature: float, with_grad_entropy: bool):
-        """(logprobs, entropy) ``[B, T]`` of the response tokens of a micro-batch, from the model's
-        ``output``: hidden states with the chunked head, else logits."""
-        if self.kernels.chunked_logprobs:
-            logprobs, entropy = response_token_stats(
-                output, head_weight(unwrap_model(self.ddp)), mb["positions"], mb["valid"], mb["targets"],
-                hf_vocab_size=self.hf_vocab_size, temperature=temperature, chunk_size=self.kernels.chunk_size,
-            )
-            return logprobs, entropy if with_grad_entropy else entropy.detach()
-        logits = output
+    def _token_stats(self, mb: dict[str, Any], logits: torch.Tensor, temperature: float, with_grad_entropy: bool):
+        """(logprobs, entropy) ``[B, T]`` of the response tokens of a micro-batch."""
         index = mb["positions"].unsqueeze(-1).expand(-1, -1, logits.size(-1))
         picked = logits.gather(1, index)  # [B, T, V_local]: only scoring positions
         logprobs, entropy = vocab_parallel_logprobs(
@@ -227,9 +219,12 @@ class TrainerOps(MegatronRank):
     def init_weight_group(self, spec: WeightGroupSpec) -> None:
         self.weights.init_group(spec)
 
-    def broadcast_weights(self, group_name: str = "weight_update_group") -> int:
+    def weight_store_port(self) -> int | None:
+        return self.weights.store_port()
+
+    def broadcast_weights(self, group_name: str = "weight_update_group", flattened: bool = True) -> int:
         self._refuse_non_finite_weights("broadcast weights to the engines")
-        return self.weights.broadcast(group_name)
+        return self.weights.broadcast(group_name, flattened=flattened)
 
     def destroy_weight_group(self, group_name: str = "weight_update_group") -> None:
         self.weights.destroy_group(group_name)
