@@ -4,8 +4,11 @@ The local spec's ``DotProductAttention`` materialises the [b, heads, s, s] score
 1.5B model at 8 x 2048 tokens runs out of 140 GB). SDPA dispatches to flash / memory-efficient
 kernels on GPU and to the math kernel on CPU, with the same numbers as the unfused path.
 
-Packed sequences (``PackedSeqParams`` with ``qkv_format="thd"``) are attended one sequence at a
-time with ``is_causal=True``, so no token ever sees another sequence and no t x t mask is built.
+Packed sequences (``PackedSeqParams`` with ``qkv_format="thd"``) are attended in one varlen call
+where a flash varlen kernel runs (CUDA, bf16/fp16: actors/trainer/varlen.py), else one sequence
+at a time with ``is_causal=True`` (faster on CPU than one masked call), so no token ever sees
+another sequence. ``attention_impl`` ("auto", "loop", "varlen") forces either; "varlen" without
+a flash kernel is one SDPA call with a block-diagonal mask.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import torch
 import torch.nn.functional as F
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -22,6 +26,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
+
+from actors.trainer.varlen import AttentionImpl, flash_runs, flash_varlen, masked_varlen
 
 
 class SDPAttention(MegatronModule):
@@ -44,8 +50,12 @@ class SDPAttention(MegatronModule):
         softmax_scale: Optional[float] = None,
         cp_comm_type: Optional[str] = None,
         pg_collection: Optional[ProcessGroupCollection] = None,
+        attention_impl: AttentionImpl = "auto",
     ) -> None:
         super().__init__(config=config)
+        if attention_impl not in ("auto", "loop", "varlen"):
+            raise ValueError(f"--attention-impl must be auto, loop or varlen, got {attention_impl!r}")
+        self.attention_impl = attention_impl
         if config.context_parallel_size != 1:
             raise ValueError("SDPAttention does not support context parallelism (--context-parallel-size 1)")
         if config.window_size is not None:
@@ -106,6 +116,9 @@ class SDPAttention(MegatronModule):
             raise ValueError(f"SDPAttention packs only qkv_format='thd', got {params.qkv_format!r}")
         cu_q = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
         cu_kv = params.cu_seqlens_kv_padded if params.cu_seqlens_kv_padded is not None else params.cu_seqlens_kv
+        causal = mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
+        if self._one_call(query):
+            return self._varlen_forward(query, key, value, cu_q, cu_kv, causal)
         # Boundaries are read once on the host; one SDPA call per sequence keeps attention
         # block-diagonal by construction.
         bounds_q = cu_q.tolist()
@@ -120,8 +133,32 @@ class SDPAttention(MegatronModule):
                 x[a:b].permute(1, 0, 2).unsqueeze(0)
                 for x, a, b in ((query, q0, q1), (key, k0, k1), (value, k0, k1))
             )
-            causal = mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal) and q1 - q0 > 1
-            out[q0:q1] = self._sdpa(q, k, v, attn_mask=None, is_causal=causal)[0].permute(1, 0, 2)
+            out[q0:q1] = self._sdpa(q, k, v, attn_mask=None, is_causal=causal and q1 - q0 > 1)[0].permute(1, 0, 2)
+        return out.reshape(out.size(0), -1)
+
+    def _one_call(self, query: Tensor) -> bool:
+        # Dropout is not part of the varlen kernels' calls: training with attention dropout loops.
+        if self.attention_impl == "loop" or (self.training and self.dropout_p > 0.0):
+            return False
+        return self.attention_impl == "varlen" or (query.is_cuda and flash_runs(query.dtype))
+
+    def _varlen_forward(self, query: Tensor, key: Tensor, value: Tensor, cu_q: Tensor, cu_kv: Tensor,
+                        causal: bool) -> Tensor:
+        """Every packed sequence in one call: [t, h, d] -> [t, h * d]; rows past the last sequence are 0."""
+        bounds_q, bounds_kv = cu_q.tolist(), cu_kv.tolist()
+        max_q = max((b - a for a, b in zip(bounds_q, bounds_q[1:])), default=0)
+        max_kv = max((b - a for a, b in zip(bounds_kv, bounds_kv[1:])), default=0)
+        end_q, end_kv = bounds_q[-1], bounds_kv[-1]
+        kernel = flash_varlen() if query.is_cuda and flash_runs(query.dtype) else None
+        if kernel is not None:
+            fn = kernel[1]
+            cu_q, cu_kv = cu_q.to(torch.int32), cu_kv.to(torch.int32)
+        else:
+            fn = masked_varlen
+        out = fn(query[:end_q], key[:end_kv], value[:end_kv], cu_q, cu_kv, max_q, max_kv, self.softmax_scale,
+                 causal)
+        if end_q < query.size(0):
+            out = torch.cat([out, out.new_zeros(query.size(0) - end_q, *out.shape[1:])])
         return out.reshape(out.size(0), -1)
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
@@ -137,9 +174,11 @@ class SDPAttention(MegatronModule):
         )
 
 
-def gpt_layer_spec(qk_layernorm: bool, use_sdpa: bool) -> ModuleSpec:
-    """The local (non-TransformerEngine) GPT layer spec with RMSNorm, SDPA core attention optional."""
+def gpt_layer_spec(qk_layernorm: bool, use_sdpa: bool, attention_impl: AttentionImpl = "auto") -> ModuleSpec:
+    """The local (non-TransformerEngine) GPT layer spec with RMSNorm, SDPA core attention optional
+    (``attention_impl``: how it attends packed sequences)."""
     spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
     if use_sdpa:
-        spec.submodules.self_attention.submodules.core_attention = ModuleSpec(module=SDPAttention)
+        spec.submodules.self_attention.submodules.core_attention = ModuleSpec(
+            module=SDPAttention, params={"attention_impl": attention_impl})
     return spec

@@ -13,7 +13,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
@@ -66,6 +66,14 @@ class TrainerConfig:
     use_sdpa: bool | None = field(
         default=None, metadata={"help": "SDPA core attention (default: on with CUDA, off on CPU)"}
     )
+    attention_impl: Literal["auto", "loop", "varlen"] = field(default="auto", metadata={
+        "help": "packed-sequence attention: one varlen call (flash kernel on CUDA, else a block-diagonal mask) or "
+        "a loop per sequence; auto: varlen where a flash varlen kernel runs (CUDA, bf16/fp16), else the loop"})
+    logprob_impl: Literal["auto", "full", "chunked"] = field(default="auto", metadata={
+        "help": "logprobs/entropy from full [tokens x vocab] logits, or chunked from the hidden states (the logits "
+        "never whole, recomputed in the backward); auto: chunked with CUDA, full on CPU"})
+    log_probs_chunk_size: int = field(default=-1, metadata={
+        "help": "tokens per chunk of the chunked logprob head (slime's flag); -1: sized by a 2^26-element budget"})
     master_port: int | None = field(default=None, metadata={"help": "torchrun rendezvous port (None: a free one)"})
     trainer_num_threads: int = field(default=0, metadata={
         "help": "torch threads per CPU rank (OMP_NUM_THREADS); 0 = torch's default. On a small CPU machine, "
@@ -93,6 +101,11 @@ class TrainerConfig:
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "actor_num_procs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name, allowed in (("attention_impl", ("auto", "loop", "varlen")), ("logprob_impl", ("auto", "full", "chunked"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
+            raise ValueError(f"--log-probs-chunk-size must be > 0 or -1, got {self.log_probs_chunk_size}")
         if self.train_step_delay < 0:
             raise ValueError(f"--train-step-delay must be >= 0, got {self.train_step_delay}")
         from actors.trainer.model_flags import check_model_flags

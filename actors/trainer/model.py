@@ -25,12 +25,14 @@ def build_gpt_model(
     transformer_overrides: dict[str, Any] | None = None,
     use_sdpa: bool | None = None,
     load_weights: bool = False,
+    attention_impl: str = "auto",
 ) -> GPTModel:
     """This rank's GPTModel chunk for an HF config (Megatron parallel state must be initialised).
 
     - ``transformer_overrides``: TransformerConfig fields that replace the HF-derived values.
     - ``use_sdpa``: SDPA core attention (default on GPU) instead of the unfused local one
       (default on CPU, where it is exact and memory is not the constraint).
+    - ``attention_impl``: how SDPA attends packed sequences (actors.trainer.varlen).
     - ``load_weights``: copy the weights of ``hf_dir_or_config`` (a directory) into the model;
       otherwise parameters are randomly initialised.
 
@@ -46,7 +48,8 @@ def build_gpt_model(
     args = gpt_model_args_from_hf(hf_config, parallel_state.get_tensor_model_parallel_world_size())
     model = GPTModel(
         config=config,
-        transformer_layer_spec=gpt_layer_spec(qk_layernorm=config.qk_layernorm, use_sdpa=use_sdpa),
+        transformer_layer_spec=gpt_layer_spec(qk_layernorm=config.qk_layernorm, use_sdpa=use_sdpa,
+                                              attention_impl=attention_impl),
         vocab_size=args.vocab_size,
         max_sequence_length=args.max_sequence_length,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -12,6 +12,7 @@ DDP averages gradients over DP, so each micro-batch loss is multiplied back by b
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from megatron.core import parallel_state
 
 from actors.trainer.bridge import hf_vocab_size_of, load_hf_weights, save_hf_checkpoint, unwrap_model
 from actors.trainer.config import TrainerConfig
+from actors.trainer.fused_logprobs import head_weight, response_token_stats, return_hidden_states
+from actors.trainer.kernels import resolve_kernels
 from actors.trainer.logprobs import vocab_parallel_logprobs
 from actors.trainer.protocol import SampleLogprobs, TensorMeta, WeightGroupSpec
 from actors.trainer.rank import MegatronRank, all_finite, all_ranks_agree, response_tensors
@@ -29,6 +32,8 @@ from actors.trainer.weight_sync import WeightBroadcaster
 from policies.loss_spec import LossSpec
 from policies.objective import compute_objective
 from slime_async.batch import Batch
+
+log = logging.getLogger("actors.trainer.kernels")
 
 
 class NonFiniteWeights(RuntimeError):
@@ -49,20 +54,38 @@ class TrainerOps(MegatronRank):
     HF export and weight broadcast to the engines."""
 
     def __init__(self, config: TrainerConfig):
-        super().__init__(config)
+        self.kernels = resolve_kernels(config.attention_impl, config.logprob_impl, config.log_probs_chunk_size,
+                                       cuda=torch.cuda.is_available())
+        super().__init__(config, adapt_model=self._adapt_head)
         model = unwrap_model(self.ddp)
+        if dist.get_rank() == 0:
+            use_sdpa = config.use_sdpa if config.use_sdpa is not None else torch.cuda.is_available()
+            log.info("trainer kernels: %s", self.kernels.describe(self.model_config.params_dtype, use_sdpa))
         self.hf_vocab_size = hf_vocab_size_of(model)
         self.weights = WeightBroadcaster(model, int(config.weight_bucket_mb * 1024 * 1024))
         self.ref_state: dict[str, torch.Tensor] | None = None
         if config.use_reference or config.ref_load:
             self.set_reference_model(config.ref_load)
 
+    def _adapt_head(self, model: torch.nn.Module) -> None:
+        # With the chunked head the last stage's model returns hidden states, not logits.
+        if self.kernels.chunked_logprobs and model.post_process:
+            return_hidden_states(model)
+
     # ----- forward passes ----------------------------------------------------------------------
     def _micro_batches(self, batch: Batch) -> list[Batch]:
         return [batch.select(g) for g in self._micro_batch_indices(batch)]
 
-    def _token_stats(self, mb: dict[str, Any], logits: torch.Tensor, temperature: float, with_grad_entropy: bool):
-        """(logprobs, entropy) ``[B, T]`` of the response tokens of a micro-batch."""
+    def _token_stats(self, mb: dict[str, Any], output: torch.Tensor, temperature: float, with_grad_entropy: bool):
+        """(logprobs, entropy) ``[B, T]`` of the response tokens of a micro-batch, from the model's
+        ``output``: hidden states with the chunked head, else logits."""
+        if self.kernels.chunked_logprobs:
+            logprobs, entropy = response_token_stats(
+                output, head_weight(unwrap_model(self.ddp)), mb["positions"], mb["valid"], mb["targets"],
+                hf_vocab_size=self.hf_vocab_size, temperature=temperature, chunk_size=self.kernels.chunk_size,
+            )
+            return logprobs, entropy if with_grad_entropy else entropy.detach()
+        logits = output
         index = mb["positions"].unsqueeze(-1).expand(-1, -1, logits.size(-1))
         picked = logits.gather(1, index)  # [B, T, V_local]: only scoring positions
         logprobs, entropy = vocab_parallel_logprobs(

@@ -100,7 +100,8 @@ class MegatronRank:
             seed=config.seed,
         )
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        model = build_gpt_model(config.hf_checkpoint, sections.transformer, use_sdpa=config.use_sdpa, load_weights=True)
+        model = build_gpt_model(config.hf_checkpoint, sections.transformer, use_sdpa=config.use_sdpa, load_weights=True,
+                                attention_impl=config.attention_impl)
         if adapt_model is not None:
             adapt_model(model)  # e.g. the critic's value head, before DDP wraps the parameters
         self.model_config = model.config
