@@ -359,6 +359,7 @@ class EngineClient:
         weight_version: str | None = None,
         flush_cache: bool = True,
         *,
+        load_format: str | None = None,
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """Receive the named tensors by broadcast from the group's rank 0 (the trainer),
@@ -374,13 +375,14 @@ class EngineClient:
         }
         if weight_version is not None:
             payload["weight_version"] = weight_version
+        if load_format is not None:
+            payload["load_format"] = load_format
         return await self._call_update("/update_weights_from_distributed", payload, timeout, _Retry.BEFORE_SEND)
 
     async def destroy_weights_update_group(
         self, group_name: str = "weight_update_group", *, timeout: float | None = None
     ) -> dict[str, Any]:
         return await self._call_update(
-        load_format: str | None = None,
             "/destroy_weights_update_group", {"group_name": group_name}, timeout, _Retry.IDEMPOTENT
         )
 
@@ -394,8 +396,6 @@ class EngineClient:
         return True
 
     async def _call_renamed(self, endpoint: str, old_endpoint: str, timeout: float | None) -> dict[str, Any]:
-        if load_format is not None:
-            payload["load_format"] = load_format
         """GET an endpoint SGLang renamed: 0.5.17 deprecates `/get_*_info` in favour of `/*_info`,
         which older versions lack. The first 404 on the new name switches this client to the old one."""
         if endpoint not in self._old_endpoints:
@@ -405,32 +405,6 @@ class EngineClient:
                 if error.status != 404:
                     raise
                 self._old_endpoints.add(endpoint)
-    # ---- colocated training (SGLang's memory saver; the CPU engine serves the same)
-
-    async def release_memory_occupation(self, tags: list[str] | None = None, *,
-                                        timeout: float | None = None) -> Any:
-        """Free the engine's memory of ``tags`` ("weights", "kv_cache"; all when None); it must be idle."""
-        return await self._call("POST", "/release_memory_occupation", {"tags": tags}, timeout=timeout,
-                                retry=_Retry.BEFORE_SEND)
-
-    async def resume_memory_occupation(self, tags: list[str] | None = None, *,
-                                       timeout: float | None = None) -> Any:
-        """Allocate the memory of ``tags`` again (weights come back undefined until updated)."""
-        return await self._call("POST", "/resume_memory_occupation", {"tags": tags}, timeout=timeout,
-                                retry=_Retry.BEFORE_SEND)
-
-    async def update_weights_from_tensor(
-        self, serialized_named_tensors: list[str], weight_version: str | None = None, flush_cache: bool = True,
-        *, load_format: str | None = None, timeout: float | None = None,
-    ) -> dict[str, Any]:
-        """Load tensors from IPC handles: one base64 payload per engine TP rank (slime_async.tensor_ipc)."""
-        payload: dict[str, Any] = {"serialized_named_tensors": serialized_named_tensors, "flush_cache": flush_cache}
-        if weight_version is not None:
-            payload["weight_version"] = weight_version
-        if load_format is not None:
-            payload["load_format"] = load_format
-        return await self._call_update("/update_weights_from_tensor", payload, timeout, _Retry.BEFORE_SEND)
-
         return await self._call_json("GET", old_endpoint, timeout=timeout)
 
     async def _call_json(self, method: str, endpoint: str, *, timeout: float | None) -> dict[str, Any]:

@@ -161,13 +161,13 @@ class WeightSync:
                     # The trainer may have trained a step since the last sync: labelled with this
                     # version, those weights only look older than they are, and the next sync
                     # brings the engine in line with the others.
-                    self._attempts += 1
-                    await self._via_broadcast([client], version, group_name=f"weights-v{version}-rejoin{self._attempts}")
                     # A group of its own, once: the engine set's group is rebuilt at the next sync,
                     # as this engine restarted (it lost its place in that group).
-        finally:
+                    self._attempts += 1
                     if self._group is not None:
                         self._group.forget()
+                    await self._via_broadcast([client], version, group_name=f"weights-v{version}-rejoin{self._attempts}")
+        finally:
             states = await self.router.ask("resume", str(version), urls=[url], timeout=self.timeout)
         state = states.get(url, "unknown")
         if state == "up":
@@ -191,10 +191,10 @@ class WeightSync:
         delta transport the last transfer's bytes on the wire (all engines), their share of a full
         transfer's, and how many engines got a full one."""
         out = {"router/engine_rejoins": float(self._rejoins)}
-        if self.transport == "delta":  # no transfer at all when every engine was gone: 0 bytes, no ratio
-            wire = sum(r.wire_bytes for r in self._delta_results)
         if self.transport == "distributed":
             out["perf/weight_sync_group_inits"] = float(self._group.inits if self._group is not None else 0)
+        if self.transport == "delta":  # no transfer at all when every engine was gone: 0 bytes, no ratio
+            wire = sum(r.wire_bytes for r in self._delta_results)
             full = sum(r.full_bytes for r in self._delta_results)
             out |= {"perf/weight_sync_wire_bytes": float(wire),
                     "perf/weight_sync_full_transfers": float(sum(r.mode == "full" for r in self._delta_results))}
@@ -280,12 +280,12 @@ class WeightSync:
                 spec = await self._group.ensure(clients, [engine_identity(i) for i in infos], rank_offsets, world_size)
                 await send_weights(self.trainer, clients, spec.group_name, str(version), timeout=self.timeout)
         except Exception as error:
-            gone = [c.url for c, up in zip(clients, await asyncio.gather(*(_answers(c) for c in clients))) if not up]
-            if not gone and not _lost_connection(error):
             if group_name is None and self._group is not None:
                 # Its peers are out of step (the trainer's side destroyed itself): the next sync
                 # builds a new group, destroying what is left of this one on the engines first.
                 self._group.forget()
+            gone = [c.url for c, up in zip(clients, await asyncio.gather(*(_answers(c) for c in clients))) if not up]
+            if not gone and not _lost_connection(error):
                 raise
             gone = gone or [c.url for c in clients]
             # An engine died during the collective (killed, crashed): the others may hold a part of
@@ -296,8 +296,6 @@ class WeightSync:
             return
         await asyncio.gather(*(c.flush_cache() for c in clients), return_exceptions=True)
 
-    async def _layout(self, clients: list[EngineClient]) -> tuple[list[int], int]:
-        infos = await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients))
     async def close(self) -> None:
         """At shutdown: tear down the engine set's weight-update group (trainer and engines)."""
         if self._group is None or self._group.spec is None:
@@ -306,6 +304,8 @@ class WeightSync:
         async with aiohttp.ClientSession() as session:
             await self._group.close([EngineClient(url, session=session, api_key=self.api_key) for url in urls])
 
+    async def _layout(self, clients: list[EngineClient]) -> tuple[list[int], int]:
+        infos = await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients))
         return broadcast_layout([c.url for c in clients], infos)
 
     @staticmethod
@@ -336,9 +336,9 @@ async def update_engine_weights(
     weight_version: str | None = None,
     timeout: float | None = None,
     rank_offsets: Sequence[int] | None = None,
+    flattened: bool = True,
 ) -> int:
     """Distributed weight update of ``engines`` (EngineClients) from trainer rank 0 over a one-off group.
-    flattened: bool = True,
 
     ``rank_offsets``: each engine's first rank in the group (default one rank each: 1, 2, ...).
     Joins the group, broadcasts (``weight_group.send_weights``), destroys the group. A sync keeps

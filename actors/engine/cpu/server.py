@@ -31,8 +31,8 @@ from actors.engine.cpu.config import EngineArgs, ModelDirError, parse_args
 from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
 from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
 from actors.engine.cpu.scheduler import PAUSE_MODES, Request, Scheduler, SchedulerConfig
-from slime_async.net import serve_until_signalled
 from slime_async import flat_bucket
+from slime_async.net import serve_until_signalled
 from slime_async.runtime import run as run_event_loop
 from slime_async.weight_delta import codec as weight_codec
 from slime_async.weight_delta import receiver as weight_delta
@@ -70,12 +70,12 @@ class EngineServer:
             ),
         )
         self.groups: dict[str, dist.ProcessGroup] = {}
-        # Weight updates are serialised: two concurrent swaps would interleave staging.
-        self._update_lock = asyncio.Lock()
         self.group_inits = 0  # weight-update groups joined since start (/server_info)
         # Tells this process from a restart on the same port: a restarted engine has lost its
         # weight-update group, and the trainer builds a new one when the id changes.
         self.instance_id = uuid.uuid4().hex
+        # Weight updates are serialised: two concurrent swaps would interleave staging.
+        self._update_lock = asyncio.Lock()
         # SGLang's model_update_lock: every /generate holds the read side until it answers, a
         # weight swap takes the write side unless generation is paused. Writer-preferring, so
         # requests that arrive while a swap waits queue behind it.
@@ -111,12 +111,12 @@ class EngineServer:
                 web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
                 web.post("/destroy_weights_update_group", self.destroy_weights_update_group),
                 web.post("/update_weight_version", self.update_weight_version),
+                web.get("/get_weights_by_name", self.get_weights_by_name),
+                web.post("/get_weights_by_name", self.get_weights_by_name),
                 *weight_delta.routes(self.delta, self._load_delta, self._served),
             ]
         )
         app.on_startup.append(self._on_startup)
-                web.get("/get_weights_by_name", self.get_weights_by_name),
-                web.post("/get_weights_by_name", self.get_weights_by_name),
         app.on_cleanup.append(self._on_cleanup)
         return app
 
@@ -218,6 +218,9 @@ class EngineServer:
                 "context_length": self.runner.context_len,
                 "weight_version": self.weight_version,
                 "engine": "cpu",
+                "instance_id": self.instance_id,
+                "pid": os.getpid(),
+                "weights_update_group_inits": self.group_inits,
                 "internal_states": [stats],
                 "version": VERSION,
             }
@@ -228,9 +231,6 @@ class EngineServer:
 
     async def v1_loads(self, _request: web.Request) -> web.Response:
         load = await self._control(self.scheduler.loads)
-                "instance_id": self.instance_id,
-                "pid": os.getpid(),
-                "weights_update_group_inits": self.group_inits,
         stats = self.scheduler.stats
         entry = {
             "dp_rank": 0,
@@ -365,18 +365,6 @@ class EngineServer:
         return await self._control(
             lambda: weight_codec.state_checksum(weight_codec.state_metas(self.runner.served(names)).values()))
 
-    async def init_weights_update_group(self, request: web.Request) -> web.Response:
-        try:
-            body = await _read_json(request)
-            address = _require(body, "master_address", str)
-            port = _require(body, "master_port", int)
-            rank_offset = _require(body, "rank_offset", int)
-            world_size = _require(body, "world_size", int)
-        except BadRequest as exc:
-            return _json({"success": False, "message": str(exc)}, status=400)
-        group_name = body.get("group_name", "weight_update_group")
-        backend = body.get("backend", "gloo")
-        if backend != "gloo":
     async def get_weights_by_name(self, request: web.Request) -> web.Response:
         """SGLang's test endpoint: a parameter as float32 nested lists, its first ``truncate_size`` rows."""
         try:
@@ -391,6 +379,18 @@ class EngineServer:
             return _error(f"no parameter named {name!r}", status=404)
         return _json(tensor.tolist()[:truncate_size])
 
+    async def init_weights_update_group(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request)
+            address = _require(body, "master_address", str)
+            port = _require(body, "master_port", int)
+            rank_offset = _require(body, "rank_offset", int)
+            world_size = _require(body, "world_size", int)
+        except BadRequest as exc:
+            return _json({"success": False, "message": str(exc)}, status=400)
+        group_name = body.get("group_name", "weight_update_group")
+        backend = body.get("backend", "gloo")
+        if backend != "gloo":
             return _json(
                 {"success": False, "message": f"the CPU engine only supports backend 'gloo', got {backend!r}"},
                 status=400,
@@ -407,6 +407,7 @@ class EngineServer:
                 status=400,
             )
         self.groups[group_name] = group
+        self.group_inits += 1
         return _json({"success": True, "message": "Succeeded to initialize custom process group."})
 
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
@@ -419,7 +420,6 @@ class EngineServer:
             return _json({"success": False, "message": str(exc)}, status=400)
         group_name = body.get("group_name", "weight_update_group")
         group = self.groups.get(group_name)
-        self.group_inits += 1
         if group is None:
             return _json(
                 {
@@ -428,6 +428,10 @@ class EngineServer:
                 },
                 status=400,
             )
+        load_format = body.get("load_format")
+        if load_format not in (None, "flattened_bucket"):
+            return _json({"success": False, "message": f"load_format {load_format!r}: the CPU engine receives "
+                          "one broadcast per tensor (none) or per bucket ('flattened_bucket')"}, status=400)
         async with self._update_lock:
             try:
                 self.runner.check_distributed_spec(names, dtypes, shapes)
@@ -443,10 +447,6 @@ class EngineServer:
                     buffers = self.runner.receive_buffers(dtypes, shapes)
                     await asyncio.to_thread(_receive_broadcast, group, buffers)
             except Exception as exc:
-        load_format = body.get("load_format")
-        if load_format not in (None, "flattened_bucket"):
-            return _json({"success": False, "message": f"load_format {load_format!r}: the CPU engine receives "
-                          "one broadcast per tensor (none) or per bucket ('flattened_bucket')"}, status=400)
                 message = str(rejection or exc)
                 return _json({"success": False, "message": f"Failed to update weights: {message}"}, status=400)
             if rejection is not None:
@@ -500,19 +500,6 @@ class EngineServer:
         return message
 
 
-def _receive_broadcast(group: dist.ProcessGroup, buffers: list[torch.Tensor]) -> None:
-    for tensor in buffers:  # in the order of `names`, as the trainer broadcasts them
-        dist.broadcast(tensor, src=0, group=group)
-
-
-async def _read_json(request: web.Request, allow_empty: bool = False) -> Any:
-    raw = await request.read()
-    if not raw.strip():
-        if allow_empty:
-            return None
-        raise BadRequest("request body is empty; expected JSON")
-    try:
-        return orjson.loads(raw)
 def _receive_flat_bucket(group: dist.ProcessGroup, dtypes: list[str], shapes: list[list[int]]) -> list[torch.Tensor]:
     """One broadcast of the bucket's bytes (SGLang's FlattenedTensorBucket layout), split into its tensors."""
     parsed = [_torch_dtype(d) for d in dtypes]
@@ -528,6 +515,19 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def _receive_broadcast(group: dist.ProcessGroup, buffers: list[torch.Tensor]) -> None:
+    for tensor in buffers:  # in the order of `names`, as the trainer broadcasts them
+        dist.broadcast(tensor, src=0, group=group)
+
+
+async def _read_json(request: web.Request, allow_empty: bool = False) -> Any:
+    raw = await request.read()
+    if not raw.strip():
+        if allow_empty:
+            return None
+        raise BadRequest("request body is empty; expected JSON")
+    try:
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"malformed JSON body: {exc}") from exc
 
