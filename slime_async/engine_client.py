@@ -386,6 +386,32 @@ class EngineClient:
             "/destroy_weights_update_group", {"group_name": group_name}, timeout, _Retry.IDEMPOTENT
         )
 
+    # ---- colocated training (SGLang's memory saver; the CPU engine serves the same)
+
+    async def release_memory_occupation(self, tags: list[str] | None = None, *,
+                                        timeout: float | None = None) -> Any:
+        """Free the engine's memory of ``tags`` ("weights", "kv_cache"; all when None); it must be idle."""
+        return await self._call("POST", "/release_memory_occupation", {"tags": tags}, timeout=timeout,
+                                retry=_Retry.BEFORE_SEND)
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None, *,
+                                       timeout: float | None = None) -> Any:
+        """Allocate the memory of ``tags`` again (weights come back undefined until updated)."""
+        return await self._call("POST", "/resume_memory_occupation", {"tags": tags}, timeout=timeout,
+                                retry=_Retry.BEFORE_SEND)
+
+    async def update_weights_from_tensor(
+        self, serialized_named_tensors: list[str], weight_version: str | None = None, flush_cache: bool = True,
+        *, load_format: str | None = None, timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Load tensors from IPC handles: one base64 payload per engine TP rank (slime_async.tensor_ipc)."""
+        payload: dict[str, Any] = {"serialized_named_tensors": serialized_named_tensors, "flush_cache": flush_cache}
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        if load_format is not None:
+            payload["load_format"] = load_format
+        return await self._call_update("/update_weights_from_tensor", payload, timeout, _Retry.BEFORE_SEND)
+
     # ---- transport
 
     async def _probe(self, endpoint: str, timeout: float | None) -> bool:

@@ -11,7 +11,7 @@ from slime_async.config.paths import require_dir, require_writable_dir
 TrainMode = Literal["sync", "one-step-off", "fully-async"]
 # The weight sync's choices (actors/loop/weight_sync.py); the loader admits only these values.
 WeightTransport = Literal["disk", "distributed", "delta"]
-WeightUpdateMode = Literal["abort", "pause"]
+WeightUpdateMode = Literal["abort", "pause", "in_place"]
 
 
 @dataclass
@@ -32,7 +32,9 @@ class LoopConfig:
     weight_update_mode: WeightUpdateMode = field(default="abort", metadata=_help(
         "before a weight update the router stops dispatching, then abort: aborts the requests in "
         "flight (they resume on the new weights from their partial tokens); pause: lets them finish "
-        "on the old weights (a drain)"))
+        "on the old weights (a drain); in_place: each engine pauses them with their KV cache, the weights "
+        "are updated, they continue on the new ones (no abort, no re-prefill; a sample's tokens then span two "
+        "versions, recorded per token)"))
     weight_update_timeout: float = field(default=300.0, metadata=_help(
         "seconds each part of a weight sync may take: the trainer's export, an engine's load, the router's "
         "abort and confirmation (a pause's drain is not limited)"))

@@ -3,8 +3,9 @@
 A producer task asks the buffer to ``reserve`` a slot before it starts each prompt group; the
 buffer answers only when one more group keeps the staleness bound and fits its capacity, which
 is all the pacing the three training modes need (sync = bound 0, one-step-off = 1, fully-async
-= ``--max-staleness``). Each group's samples are generated concurrently (at most
-``--rollout-concurrency`` in flight), scored, filtered by the dynamic-sampling hook, then
+= ``--max-staleness``). Each group's samples are generated concurrently, at most the engines'
+capacity in flight (``policies.concurrency``, re-read from the router every second so that
+engines joining or leaving count; ``--rollout-concurrency`` caps it), scored, filtered by the dynamic-sampling hook, then
 ``put`` into the buffer — or the reservation is cancelled and the drop counted. Once the
 prompts are exhausted and the last group in flight is settled, the producer tells the buffer
 ``end_of_data``, which answers the trainer's waiting ``get``.
@@ -26,8 +27,10 @@ from actors.rollout.generate import TRAJECTORY_SESSION, GenerateContext, default
 from actors.rollout.hooks import load_function
 from actors.rollout.rewards import RewardScorer
 from actors.rollout.slime_plugins import SlimePlugins
+from policies.concurrency import UNKNOWN_ENGINE_SLOTS, group_slots, rollout_concurrency
 from policies.sampling_filters import BUILTIN_FILTERS
 from slime_async.actor import Actor, ActorRef
+from slime_async.limiter import Limiter
 from slime_async.sample import Sample, Status
 from slime_async.task_group import gather_or_cancel
 
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 
 MAX_GROUP_ATTEMPTS = 3  # a prompt whose generation keeps failing (engine errors) is dropped after this
 MAX_CONSECUTIVE_FAILURES = 32  # this many failed groups in a row means no engine can serve: stop the run
+CAPACITY_INTERVAL = 1.0  # seconds between two reads of the engines' capacity (the router's, no HTTP)
 
 
 @dataclass
@@ -48,6 +52,7 @@ class _Window:
     tokens_kept_on_abort: int = 0
     tokens: int = 0
     busy_time: float = 0.0  # seconds with at least one generation in flight
+    in_flight_time: float = 0.0  # generations in flight integrated over time (their mean = this / elapsed)
     hook_metrics: dict[str, list[float]] = field(default_factory=dict)  # sample.metadata["metrics"] values
     started: float = field(default_factory=time.monotonic)
 
@@ -82,7 +87,12 @@ class RolloutActor(Actor):
             self.keep_group = self.plugins.group_filter(
                 BUILTIN_FILTERS.get(path) or load_function(path, "--dynamic-sampling-filter-path"))
         self._drop_reasons: Counter[str] = Counter()  # dynamic-filter drops by the filter's reason
-        self._slots = asyncio.Semaphore(config.rollout_concurrency)
+        # Sized from the engines' capacity once the producer starts (_follow_engines).
+        initial = config.rollout_concurrency or UNKNOWN_ENGINE_SLOTS
+        self._slots = Limiter(initial)
+        self._group_slots = Limiter(group_slots(initial, config.n_samples_per_prompt))
+        self._prompt_tokens = [0, 0]  # tokens and number of the prompts started: their mean sizes a request
+        self._capacity_known = True  # False once the router turned out not to report capacities
         self._counters: Counter[str] = Counter()
         self._window = _Window()
         self._next_group_index = 0
@@ -102,6 +112,7 @@ class RolloutActor(Actor):
         """Start producing groups (idempotent)."""
         if self._producer is None:
             self._producer = self.spawn(self._produce(), name="rollout:producer")
+            self.spawn(self._follow_engines(), name="rollout:capacity")
 
     def sampling_params(self, *, evaluation: bool = False) -> dict[str, Any]:
         config = self.config
@@ -123,6 +134,9 @@ class RolloutActor(Actor):
         elapsed = max(time.monotonic() - window.started, 1e-9)
         n = len(window.response_lengths)
         out = {
+            "rollout/concurrency": float(self._slots.limit),
+            "rollout/in_flight_mean": window.in_flight_time / elapsed,
+            "rollout/concurrency_occupancy": min(1.0, window.in_flight_time / elapsed / self._slots.limit),
             "rollout/bad_rows": float(getattr(self.dataset, "bad_rows", 0)),
             "rollout/reward_errors": float(self.scorer.errors),
             "rollout/reward_timeouts": float(self.scorer.timeouts),
@@ -173,11 +187,10 @@ class RolloutActor(Actor):
 
     # ----- production ----------------------------------------------------------------------------
     async def _produce(self) -> None:
-        n = self.config.n_samples_per_prompt
-        group_slots = asyncio.Semaphore(max(1, self.config.rollout_concurrency // n))
+        await self._update_concurrency()
         while True:
             await self.buffer.ask("reserve", timeout=None)
-            await group_slots.acquire()
+            await self._group_slots.acquire()
             prompt, attempts = self._next_prompt()
             while prompt is None and self._in_flight_prompts:
                 # Data is exhausted, but a group in flight may still fail and hand its prompt back.
@@ -185,7 +198,7 @@ class RolloutActor(Actor):
                 await self._group_settled.wait()
                 prompt, attempts = self._next_prompt()
             if prompt is None:
-                group_slots.release()
+                self._group_slots.release()
                 await self.buffer.ask("cancel_reservation")
                 # Each settled group sent its put or cancellation before this (mailboxes are FIFO).
                 await self.buffer.ask("end_of_data")
@@ -196,8 +209,35 @@ class RolloutActor(Actor):
             group_index = self._next_group_index
             self._next_group_index += 1
             self._in_flight_prompts[group_index] = prompt
+            self._prompt_tokens[0] += len(getattr(prompt, "prompt_ids", ()) or ())
+            self._prompt_tokens[1] += 1
             task = self.spawn(self._run_group(prompt, attempts, group_index), name="rollout:group")
-            task.add_done_callback(lambda _: group_slots.release())
+            task.add_done_callback(lambda _: self._group_slots.release())
+
+    async def _follow_engines(self) -> None:
+        while self._capacity_known:
+            await asyncio.sleep(CAPACITY_INTERVAL)
+            await self._update_concurrency()
+
+    async def _update_concurrency(self) -> None:
+        """Size the generation and group slots to what the engines hold at once (capped by
+        --rollout-concurrency); a router that reports no capacities leaves them as they are."""
+        if not self._capacity_known:
+            return
+        try:
+            capacities = await self.ctx.router.ask("engine_capacities")
+        except AttributeError:  # a stand-in router (tests, plug-ins) without the handler
+            self._capacity_known = False
+            return
+        tokens, prompts = self._prompt_tokens
+        per_request = (tokens // prompts if prompts else 0) + self.config.rollout_max_response_len
+        limit = rollout_concurrency(capacities, per_request, cap=self.config.rollout_concurrency)
+        if limit != self._slots.limit:
+            log.info("rollout: %d generations in flight at most (engines' capacity%s)", limit,
+                     f", capped by --rollout-concurrency {self.config.rollout_concurrency}"
+                     if self.config.rollout_concurrency is not None else "")
+        self._slots.resize(limit)
+        self._group_slots.resize(group_slots(limit, self.config.n_samples_per_prompt))
 
     def _next_prompt(self) -> tuple[Any, int]:
         if self._retry:
@@ -297,6 +337,7 @@ class RolloutActor(Actor):
         now = time.monotonic()
         if self._generating > 0:
             self._window.busy_time += now - self._busy_since
+            self._window.in_flight_time += self._generating * (now - self._busy_since)
         self._busy_since = now
         self._generating += delta
 

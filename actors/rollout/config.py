@@ -45,7 +45,11 @@ class RolloutConfig:
     rollout_top_p: float = field(default=1.0, metadata=_help("nucleus sampling"))
     rollout_top_k: int = field(default=-1, metadata=_help("top-k sampling; -1 = off"))
     rollout_stop_token_ids: list[int] | None = field(default=None, metadata=_help("extra stop token ids"))
-    rollout_concurrency: int = field(default=64, metadata=_help("max generations in flight"))
+    rollout_concurrency: int | None = field(default=None, metadata=_help(
+        "max generations in flight; unset: what the engines hold at once, summed over the engines the "
+        "router can send to (each min(max_running_requests, max_total_num_tokens // (mean prompt tokens + "
+        "--rollout-max-response-len)) from its /server_info; 64 for one that reports neither), "
+        "following engines that join or leave; set: a cap on that"))
     # --- hooks
     custom_generate_function_path: str | None = field(default=None, metadata=_help(
         HOOK + "async def generate(ctx, sample, sampling_params) -> Sample | list[Sample]; slime's "
@@ -87,7 +91,7 @@ class RolloutConfig:
         positive = ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len", "rollout_concurrency",
                     "num_epoch", "n_samples_per_eval_prompt")
         for name in positive:
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.num_rollout is not None and self.num_rollout <= 0:
             raise ValueError(f"--num-rollout must be > 0, got {self.num_rollout}")

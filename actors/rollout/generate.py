@@ -119,9 +119,10 @@ class GenerateContext:
         budget = sampling_params.get("max_new_tokens", 0) if max_new_tokens is None else max_new_tokens
         if stop and self.tokenizer is None:
             raise GenerationFailed("generate_turn(stop=...) needs the run's tokenizer to match text")
-        # This turn's tokens, as (ids, logprobs, version) per request: appended to the sample at
-        # the end, so a stop string's tail can be cut before anything is recorded.
-        pieces: list[tuple[list[int], list[float], int]] = []
+        # This turn's tokens, as (ids, logprobs, versions) per request: appended to the sample at
+        # the end, so a stop string's tail can be cut before anything is recorded. A request that
+        # ran across an in-place weight sync has tokens of two versions.
+        pieces: list[tuple[list[int], list[float], list[int]]] = []
         turn: list[int] = []
         aborts = 0
         finish = "length"
@@ -130,7 +131,7 @@ class GenerateContext:
             ask = min(remaining, chunk_tokens) if stop else remaining
             output = await self.generate(sample.tokens + turn, {**sampling_params, "max_new_tokens": ask},
                                          session_id=sample.session_id)
-            pieces.append((output.output_ids, output.logprobs, policy_version(output.weight_version)))
+            pieces.append((output.output_ids, output.logprobs, _token_versions(output)))
             produced, turn = len(turn), turn + output.output_ids
             if stop and output.output_ids:
                 hit = find_stop(turn, self.tokenizer.decode, stop, first=produced)
@@ -151,11 +152,24 @@ class GenerateContext:
                 finish = output.finish_type
                 break
         kept = len(turn)
-        for ids, logprobs, version in pieces:
+        for ids, logprobs, versions in pieces:
             take = min(len(ids), kept)
-            sample.append_generated(ids[:take], logprobs[:take], version)
+            start = 0
+            while start < take:  # one append per stretch of one version
+                end = start + 1
+                while end < take and versions[end] == versions[start]:
+                    end += 1
+                sample.append_generated(ids[start:end], logprobs[start:end], versions[start])
+                start = end
             kept -= take
         return finish
+
+
+def _token_versions(output: GenerateOutput) -> list[int]:
+    """The policy version of each output token (the answer's per-token versions, else its one)."""
+    if output.token_versions is not None:
+        return [policy_version(v) for v in output.token_versions]
+    return [policy_version(output.weight_version)] * len(output.output_ids)
 
 
 async def default_generate(ctx: GenerateContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:

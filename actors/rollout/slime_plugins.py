@@ -77,7 +77,8 @@ def slime_settings(config: RolloutConfig, run_settings: Mapping[str, Any] | None
     for name, value in _SLIME_FIXED.items():
         values.setdefault(name, value)
     values.setdefault("hf_checkpoint", getattr(tokenizer, "name_or_path", None))
-    values.setdefault("sglang_server_concurrency", config.rollout_concurrency)
+    # Unset, the rollout follows the engines; slime's own default stands in for plug-ins that read it.
+    values.setdefault("sglang_server_concurrency", config.rollout_concurrency or 512)
     values.setdefault("eval_max_context_len", config.rollout_max_context_len)
     values.setdefault("eval_prompt_data", config.eval_prompt_data)
     values.update(config.plugin_settings())

@@ -13,6 +13,11 @@ health and load, the session table) and does the I/O around it:
 - a load loop polls ``/v1/loads`` so load from other clients of an engine counts too.
 - ``pause``/``resume`` bracket a weight update: from ``pause`` until ``resume`` has confirmed
   an engine's weight version, nothing at all is sent to that engine; requests wait in the router.
+  Pause mode ``in_place`` leaves the requests already on an engine there: the engine itself
+  pauses them with their KV (SGLang ``pause_generation`` mode in_place) and ``resume`` continues
+  them on the new weights.
+- ``engine_capacities`` reports what each engine can hold at once (``/server_info``, read when
+  it is admitted), from which the rollout sizes its concurrency (``policies.concurrency``).
 
 Concurrency: handlers run one at a time in the mailbox; request tasks (``defer``) and the
 loops mutate state only in the synchronous stretches between their awaits, which the
@@ -31,11 +36,12 @@ from typing import Any, Literal
 import aiohttp
 
 from actors.router.config import RouterConfig
-from actors.router.engine_state import EngineState, Health, reported_load
+from actors.router.engine_state import EngineState, Health, reported_capacity, reported_load
 from actors.router.errors import NoEngineAvailable, RouterError
 from actors.router.http_front import HttpFront
 from actors.router.text_model import TextModel
 from actors.router.sessions import SessionTable
+from policies.concurrency import EngineCapacity
 from policies.routing import RoutingPolicy, choose_engine
 from slime_async.actor import Actor, Deferred
 from slime_async.engine_client import (
@@ -50,7 +56,8 @@ from slime_async.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
 
-PauseMode = Literal["abort", "drain"]
+PauseMode = Literal["abort", "drain", "in_place"]
+PAUSE_MODES = ("abort", "drain", "in_place")
 
 # Per /v1/loads poll, the external-load estimate falls 30% of the way to a lower sample.
 LOAD_DECAY = 0.7
@@ -94,6 +101,8 @@ class RouterActor(Actor):
         self._http = new_engine_session()  # one connection pool for every engine
         for url in self._initial_urls:
             self._add(url, Health.UP)
+        # In the background: an engine slow to answer must not hold up the start (unknown meanwhile).
+        self.spawn(self._read_capacities(list(self._engines.values())), name=f"{self.name}:capacities")
         self.spawn(self._health_loop(), name=f"{self.name}:health")
         if self.config.router_load_interval > 0:
             self.spawn(self._load_loop(), name=f"{self.name}:loads")
@@ -156,9 +165,10 @@ class RouterActor(Actor):
         """Stop dispatching to ``urls`` (all engines by default) and return once nothing of
         ours runs on them: ``abort`` aborts in-flight requests (they return to their callers
         with finish_reason abort and the tokens so far), ``drain`` lets them finish. New
-        requests wait in the router until ``resume``."""
-        if mode not in ("abort", "drain"):
-            raise ValueError(f"router.pause: mode must be 'abort' or 'drain', got {mode!r}")
+        requests wait in the router until ``resume``. ``in_place`` instead has each engine pause
+        them where they are (KV kept) and returns at once; ``resume`` continues them."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"router.pause: mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
         targets = self._select(urls)
         if urls is None:
             self._pause_all = True
@@ -203,6 +213,11 @@ class RouterActor(Actor):
     def engines(self) -> list[dict[str, Any]]:
         """Every engine: url, state (up / down / stale / paused), load and counters."""
         return [engine.describe() for engine in self._engines.values()]
+
+    def engine_capacities(self) -> list[EngineCapacity | None]:
+        """What each engine not marked down can hold at once (None: not known yet); paused and
+        stale ones count, they are back after a sync."""
+        return [engine.capacity for engine in self._engines.values() if engine.health is not Health.DOWN]
 
     def metrics(self) -> dict[str, float]:
         """``router/*`` scalars for the monitor (cumulative counters and current gauges)."""
@@ -253,6 +268,7 @@ class RouterActor(Actor):
             engine = self._pick(session_id) or await self._wait_for_engine(session_id)
             engine.in_flight += 1
             sent, response = self._trace.now(), None
+            pauses_before = len(engine.in_place_pause_versions)
             try:
                 response = await self._send(engine, input_ids, sampling_params, rid, return_logprob)
             except EngineConnectionError as error:
@@ -276,6 +292,8 @@ class RouterActor(Actor):
                 self._trace_request(engine, sent, len(input_ids), response, trace_args)
                 if engine.paused:
                     self._notify()  # a pause may be waiting for this engine to go quiet
+            if len(engine.in_place_pause_versions) > pauses_before:
+                _label_in_place_span(response, engine.in_place_pause_versions[pauses_before])
             self._record(engine, response)
             response["engine_url"] = engine.url
             return response
@@ -388,6 +406,9 @@ class RouterActor(Actor):
 
     # ----- weight sync ----------------------------------------------------------------------------
     async def _quiesce(self, targets: list[EngineState], mode: PauseMode) -> dict[str, str]:
+        if mode == "in_place":
+            await asyncio.gather(*(self._pause_in_place(engine) for engine in targets))
+            return {engine.url: engine.state for engine in targets}
         interval = self.config.router_abort_interval
         while True:
             busy = [engine for engine in targets if engine.in_flight and engine.url in self._engines]
@@ -399,6 +420,23 @@ class RouterActor(Actor):
                 await asyncio.gather(*(self._abort_all(engine) for engine in busy))
             await self._next_change(interval if mode == "abort" else None)
 
+    async def _pause_in_place(self, engine: EngineState) -> None:
+        if engine.health is Health.DOWN:
+            return  # nothing of ours runs there; resume() checks it like any other
+        try:
+            version = engine.weight_version or await self._weight_version(engine)
+            await engine.client.pause_generation("in_place", timeout=self.config.router_health_timeout)
+        except EngineError as error:
+            # Its requests fail over when their connections break; resume() re-checks it.
+            self._mark_down(engine, f"in-place pause failed: {error}")
+            return
+        engine.paused_in_place = True
+        engine.in_place_pause_versions.append(str(version))
+
+    async def _continue(self, engine: EngineState) -> None:
+        engine.paused_in_place = False
+        await engine.client.continue_generation(timeout=self.config.router_health_timeout)
+
     async def _abort_all(self, engine: EngineState) -> None:
         try:
             await engine.client.abort_request(abort_all=True, timeout=self.config.router_health_timeout)
@@ -407,6 +445,12 @@ class RouterActor(Actor):
             log.warning("router: abort on %s failed: %s", engine.url, error)
 
     async def _confirm(self, targets: list[EngineState], check_version: bool) -> dict[str, str]:
+        # Engines paused in place continue their requests first (on the weights now loaded).
+        continued = await asyncio.gather(*(self._continue(e) for e in targets if e.paused_in_place),
+                                         return_exceptions=True)
+        for error in continued:
+            if isinstance(error, BaseException):
+                log.warning("router: continue_generation failed: %s", error)
         versions = await asyncio.gather(
             *(self._weight_version(engine) for engine in targets if check_version), return_exceptions=True
         )
@@ -447,6 +491,8 @@ class RouterActor(Actor):
                     call.cancel()
             return
         engine.health_failures = 0
+        if engine.health is not Health.UP:
+            await self._read_capacity(engine)  # back after being down: maybe restarted with other limits
         if engine.health is not Health.UP or self._expected_version is not None:
             await self._verify_and_admit(engine)
 
@@ -454,6 +500,7 @@ class RouterActor(Actor):
         if not engine.paused:
             if await engine.client.health_generate(timeout=self.config.router_health_timeout):
                 engine.health_failures = 0
+                await self._read_capacity(engine)
                 await self._verify_and_admit(engine)
             else:
                 self._mark_down(engine, "failed its health check at registration")
@@ -474,6 +521,17 @@ class RouterActor(Actor):
                 self._mark_stale(engine, version)
                 return
         self._mark_up(engine)
+
+    async def _read_capacities(self, engines: list[EngineState]) -> None:
+        await asyncio.gather(*(self._read_capacity(engine) for engine in engines))
+
+    async def _read_capacity(self, engine: EngineState) -> None:
+        """What the engine can hold at once; unknown (None) if it does not answer or say."""
+        try:
+            engine.capacity = reported_capacity(await engine.client.get_server_info(
+                timeout=self.config.router_health_timeout))
+        except (EngineError, ValueError) as error:
+            log.info("router: %s did not report its capacity (%s); counting it as unknown", engine.url, error)
 
     async def _load_loop(self) -> None:
         while True:
@@ -563,6 +621,18 @@ class RouterActor(Actor):
                 await changed.wait()
         except TimeoutError:
             pass
+
+
+def _label_in_place_span(response: dict[str, Any], version_before: str) -> None:
+    """A request that ran across an in-place sync on an engine that does not say which of its
+    tokens came before it (SGLang reports one version, the one at the end): all of them get
+    the version before the first such sync, so that no token looks newer (and its staleness
+    smaller) than it is. The CPU engine reports the exact split itself."""
+    meta = response.setdefault("meta_info", {})
+    if "weight_version_segments" in meta:
+        return
+    n_tokens = len(meta.get("output_token_logprobs") or response.get("output_ids") or [])
+    meta["weight_version_segments"] = [[version_before, n_tokens]] if n_tokens else []
 
 
 def normalize_url(url: str) -> str:

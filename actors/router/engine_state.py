@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies.concurrency import EngineCapacity
 from slime_async.engine_client import EngineClient
 
 
@@ -31,6 +32,13 @@ class EngineState:
     loads_supported: bool = True  # False once /v1/loads answered 404
     weight_version: str | None = None  # last one seen (response or version check)
     down_reason: str = ""
+    # In-place syncs (pause mode in_place): the engine itself holds its running requests; the
+    # version it served before each such pause, oldest first, labels the tokens of a request
+    # that ran across one when the engine cannot say which tokens came before it (SGLang).
+    paused_in_place: bool = False
+    in_place_pause_versions: list[str] = field(default_factory=list)
+    # What it can hold at once (/server_info), read when it is admitted: None until then.
+    capacity: EngineCapacity | None = None
     # cumulative counters (metrics)
     requests: int = 0
     errors: int = 0
@@ -82,3 +90,29 @@ def reported_load(payload: Any) -> float:
             raise ValueError(f"/v1/loads: entry without num_running_reqs/num_waiting_reqs: {keys}")
         total += float(entry.get("num_running_reqs", 0)) + float(entry.get("num_waiting_reqs", 0))
     return total
+
+
+def reported_capacity(server_info: Any) -> EngineCapacity:
+    """What an engine can hold at once, from its ``/server_info``.
+
+    SGLang 0.5.17 puts ``max_total_num_tokens`` (its KV pool) at the top level (the scheduler's
+    info) and the running-request limit it resolved in each DP rank's ``internal_states``
+    entry as ``effective_max_running_requests_per_dp`` (the top-level ``max_running_requests``
+    is the server argument, None when left to SGLang); the CPU engine reports both at the top
+    level. A field it does not report is None (no limit known)."""
+    if not isinstance(server_info, dict):
+        raise ValueError(f"/server_info: expected an object, got {type(server_info).__name__}")
+    states = [s for s in server_info.get("internal_states") or [] if isinstance(s, dict)]
+    per_rank = [s.get("effective_max_running_requests_per_dp") for s in states]
+    if per_rank and all(isinstance(v, int) and v > 0 for v in per_rank):
+        running: int | None = sum(per_rank)
+    else:
+        running = _positive_int(server_info.get("max_running_requests"))
+    tokens = _positive_int(server_info.get("max_total_num_tokens"))
+    if tokens is not None and len(states) > 1:
+        tokens *= len(states)  # one KV pool per DP rank
+    return EngineCapacity(max_running_requests=running, max_total_num_tokens=tokens)
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

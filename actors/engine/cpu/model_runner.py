@@ -99,6 +99,10 @@ class ModelRunner:
         self.eos_token_ids: frozenset[int] = self._eos_token_ids()
         self.generator = torch.Generator().manual_seed(seed)
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        # Shapes of the weights while their memory is released (SGLang's "weights" tag), and the
+        # names loaded since it was resumed: the model can serve again once every one is.
+        self._released_shapes: dict[str, torch.Size] | None = None
+        self._unloaded: set[str] = set()
 
     def _eos_token_ids(self) -> frozenset[int]:
         # Like SGLang, stop on the config's eos ids and the generation config's.
@@ -254,8 +258,60 @@ class ModelRunner:
     @torch.no_grad()
     def apply_weights(self, staged: dict[str, torch.Tensor]) -> None:
         """Copy validated tensors into the model (tied weights share storage, so one copy does)."""
+        if self._released_shapes is not None:
+            raise WeightUpdateError("the weights' memory is released: POST /resume_memory_occupation first")
         for name, tensor in staged.items():
             self._params[name].copy_(tensor)
+        # A tied alias loads its parameter object too (the set holds one name per object).
+        loaded = {id(self._params[name]) for name in staged}
+        self._unloaded = {name for name in self._unloaded if id(self._params[name]) not in loaded}
+
+    # ---- memory occupation (colocated training) --------------------------------------
+
+    def weight_bytes(self) -> int:
+        """Bytes the weights occupy now (tied weights once)."""
+        return sum(p.numel() * p.element_size() for p in self._unique_params().values())
+
+    def release_weights(self) -> int:
+        """Free the weights' memory (SGLang's release of the "weights" tag); returns the bytes freed.
+        Shapes are kept so that updates can be checked while released."""
+        freed = self.weight_bytes()
+        params = self._unique_params()
+        self._released_shapes = {name: self._params[name].shape for name in self._params}
+        for param in params.values():
+            param.data = torch.empty(0, dtype=param.dtype)
+        self._unloaded = set(params)
+        return freed
+
+    def resume_weights(self) -> None:
+        """Allocate the weights again; their values are undefined until every tensor is loaded."""
+        assert self._released_shapes is not None, "resume_weights without release_weights"
+        for name, param in self._unique_params().items():
+            param.data = torch.zeros(self._released_shapes[name], dtype=param.dtype)
+        self._released_shapes = None
+
+    @property
+    def weights_released(self) -> bool:
+        return self._released_shapes is not None
+
+    def unloaded_weights(self) -> list[str]:
+        """Weights not loaded since the memory was resumed (empty when the model can serve)."""
+        return sorted(self._unloaded)
+
+    def stage_partial(self, named: list[tuple[str, torch.Tensor]], source: str) -> dict[str, torch.Tensor]:
+        """Check some of the model's tensors (one bucket) and cast them to its dtype; nothing applied."""
+        staged: dict[str, torch.Tensor] = {}
+        for name, tensor in named:
+            self._check_tensor(name, tensor.shape, tensor.dtype, exact_dtype=False, source=source)
+            staged[name] = tensor.to(self.dtype)
+        return staged
+
+    def _unique_params(self) -> dict[str, torch.nn.Parameter]:
+        """One name per parameter object (tied weights share one)."""
+        seen: dict[int, str] = {}
+        for name, param in self._params.items():
+            seen.setdefault(id(param), name)
+        return {name: self._params[name] for name in seen.values()}
 
     def _is_tied_alias(self, name: str, staged: dict[str, torch.Tensor]) -> bool:
         param = self._params[name]
@@ -265,9 +321,10 @@ class ModelRunner:
         param = self._params.get(name)
         if param is None:
             raise WeightUpdateError(f"{source}: unknown parameter name {name!r} for this model")
-        if tuple(shape) != tuple(param.shape):
+        expected = self._released_shapes[name] if self._released_shapes is not None else param.shape
+        if tuple(shape) != tuple(expected):
             raise WeightUpdateError(
-                f"{source}: shape mismatch for {name!r}: got {list(shape)}, model has {list(param.shape)}"
+                f"{source}: shape mismatch for {name!r}: got {list(shape)}, model has {list(expected)}"
             )
         if exact_dtype and dtype != param.dtype:
             # SGLang also refuses a broadcast whose dtype differs from the served model's.

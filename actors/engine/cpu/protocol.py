@@ -200,6 +200,8 @@ def generate_output(req: "Request", weight_version: str, started: float, tokeniz
         "weight_version": weight_version,
         "e2e_latency": time.monotonic() - started,
     }
+    if req.version_marks:
+        meta["weight_version_segments"] = version_segments(req.version_marks, len(req.output_ids))
     if req.return_logprob:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(req.output_logprobs, req.output_ids)]
         meta["input_token_logprobs"] = []
@@ -212,6 +214,14 @@ def generate_output(req: "Request", weight_version: str, started: float, tokeniz
             text_ids = text_ids[:-1]
         out["text"] = tokenizer.decode(text_ids, skip_special_tokens=req.params.skip_special_tokens)
     return out
+
+
+def version_segments(marks: list[tuple[int, str]], n_tokens: int) -> list[list[Any]]:
+    """``[[version, n], ...]``: how many output tokens, in order, each weight version generated
+    (an extension of SGLang's meta_info, whose ``weight_version`` is only the version at the
+    end; the rollout records per-token versions from it)."""
+    ends = [start for start, _ in marks[1:]] + [n_tokens]
+    return [[version, end - start] for (start, version), end in zip(marks, ends) if end > start]
 
 
 def _per_item(value: Any, n: int, name: str, kind: type) -> list[Any]:

@@ -74,6 +74,9 @@ class Request:
     created_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     generator: torch.Generator | None = None
+    # (first output index, weight version) of each stretch of output_ids one version generated:
+    # a request paused in place across a weight swap continues on the new weights.
+    version_marks: list[tuple[int, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.params.sampling_seed is not None:
@@ -138,6 +141,7 @@ class Scheduler:
         self.throughput = ThroughputWindow()
         self.paused = False
         self.pause_mode: str | None = None
+        self.weight_version: str | None = None  # the label of the weights the runner holds (set_weight_version)
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._lock = threading.Condition()
@@ -204,14 +208,30 @@ class Scheduler:
     def flush_cache(self) -> int:
         return self.prefix_cache.clear()
 
-    def swap_weights(self, staged: dict[str, torch.Tensor], flush_cache: bool) -> None:
-        """Apply validated weights between two steps, so no forward mixes old and new."""
+    def swap_weights(self, staged: dict[str, torch.Tensor], flush_cache: bool, version: str | None = None) -> None:
+        """Apply validated weights between two steps, so no forward mixes old and new;
+        ``version`` labels them (and every later token of the requests they continue)."""
         self.runner.apply_weights(staged)
+        if version is not None:
+            self.set_weight_version(version)
         if flush_cache:
             # Also keeps out the KV of sequences paused in place across the swap when they
             # finish: a flushed cache holds nothing the old weights computed.
             self._weights_epoch += 1
             self.prefix_cache.clear()
+
+    def set_weight_version(self, version: str) -> None:
+        """Label the weights; a request that has started continues under the new label from
+        its next token (its tokens so far keep theirs)."""
+        self.weight_version = version
+        for request in [*self._running, *self._waiting]:
+            marks = request.version_marks
+            if not marks or marks[-1][1] == version:
+                continue
+            if marks[-1][0] == len(request.output_ids):
+                marks[-1] = (len(request.output_ids), version)  # nothing generated under the previous label
+            else:
+                marks.append((len(request.output_ids), version))
 
     def loads(self) -> dict[str, Any]:
         used = sum(len(r.input_ids) + len(r.output_ids) for r in self._running)
@@ -314,6 +334,8 @@ class Scheduler:
             self.stats.cache_hit_tokens += cached
             self.stats.prompt_tokens += len(tokens)
         logits, kv = self.runner.prefill(tokens, prefix)
+        if not request.version_marks and self.weight_version is not None:
+            request.version_marks.append((0, self.weight_version))
         request.kv_epoch = self._weights_epoch
         self.stats.num_prefills += 1
         if not request.output_ids:

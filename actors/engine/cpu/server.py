@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from aiohttp import web
 
+from actors.engine.cpu import memory as colocate_memory
 from actors.engine.cpu.config import EngineArgs, ModelDirError, parse_args
 from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
 from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
@@ -85,6 +86,8 @@ class EngineServer:
         # Delta weight sync (slime_async/weight_delta): the exported tensors of the version served,
         # kept apart from the model's (which may be another dtype) as the base of the next delta.
         self.delta = weight_delta.DeltaReceiver()
+        # Colocated training: which memory regions are released (actors/engine/cpu/memory.py).
+        self.memory = colocate_memory.MemoryOccupation(self)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -114,6 +117,7 @@ class EngineServer:
                 web.get("/get_weights_by_name", self.get_weights_by_name),
                 web.post("/get_weights_by_name", self.get_weights_by_name),
                 *weight_delta.routes(self.delta, self._load_delta, self._served),
+                *colocate_memory.routes(self),
             ]
         )
         app.on_startup.append(self._on_startup)
@@ -140,6 +144,9 @@ class EngineServer:
             items, is_batch = parse_generate(body, self.runner.vocab_size, self.runner.context_len, self.tokenizer)
         except BadRequest as exc:
             return _error(str(exc))
+        refusal = self.memory.refusal()
+        if refusal is not None:
+            return _error(refusal, status=503)
         started = time.monotonic()
         try:
             async with self._model_update_lock.reader_lock:
@@ -171,6 +178,8 @@ class EngineServer:
         return web.Response(status=200)
 
     async def health_generate(self, _request: web.Request) -> web.Response:
+        if self.memory.refusal() is not None:
+            return web.Response(status=503, text=self.memory.refusal())
         loads = await self._control(self.scheduler.loads)
         if loads["num_running_reqs"] or loads["paused"]:
             return web.Response(status=200)  # busy means alive; do not queue behind the batch
@@ -218,6 +227,7 @@ class EngineServer:
                 "context_length": self.runner.context_len,
                 "weight_version": self.weight_version,
                 "engine": "cpu",
+                "memory_occupation": self.memory.describe(),
                 "instance_id": self.instance_id,
                 "pid": os.getpid(),
                 "weights_update_group_inits": self.group_inits,

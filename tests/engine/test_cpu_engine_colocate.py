@@ -1,0 +1,129 @@
+"""The CPU engine's side of colocated training (--colocate): SGLang's memory release / resume and
+tensor weight updates through real shared-memory handles from this (unrelated) process."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import base64
+import pickle
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from slime_async.engine_client import EngineClient, EngineHTTPError
+from slime_async.tensor_ipc import serialize_named_tensors
+
+PROMPT = [5, 9, 13, 2, 7]
+
+
+@pytest.fixture(scope="module")
+def engine(engine_url, tiny_model_dir):
+    """The shared read-only engine (a private one costs seconds of start-up), given back with its
+    memory resumed and its own weights and version, whatever a test left."""
+    version = asyncio.run(_version(engine_url))
+    yield engine_url
+    asyncio.run(_restore(engine_url, _weights(tiny_model_dir), version))
+
+
+async def _version(url: str) -> str:
+    async with EngineClient(url) as client:
+        return (await client.get_model_info())["weight_version"]
+
+
+async def _restore(url: str, weights: dict[str, torch.Tensor], version: str) -> None:
+    async with EngineClient(url) as client:
+        released = (await _memory(client))["released"]
+        if released:
+            await client.resume_memory_occupation(released)
+        await client.update_weights_from_tensor([serialize_named_tensors(sorted(weights.items()))],
+                                                weight_version=version)
+
+
+def _weights(model_dir, seed: int | None = None) -> dict[str, torch.Tensor]:
+    tensors = load_file(str(next(model_dir.glob("*.safetensors"))))
+    if seed is None:
+        return tensors
+    generator = torch.Generator().manual_seed(seed)
+    return {name: t + 0.05 * torch.randn(t.shape, generator=generator, dtype=t.dtype) for name, t in tensors.items()}
+
+
+def _buckets(tensors: dict[str, torch.Tensor], size: int) -> list[list[tuple[str, torch.Tensor]]]:
+    items = sorted(tensors.items())
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+async def _logprobs(client: EngineClient) -> list[float]:
+    out = await client.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 4}, return_logprob=True)
+    return [entry[0] for entry in out["meta_info"]["output_token_logprobs"]]
+
+
+async def _memory(client: EngineClient) -> dict:
+    return (await client.get_server_info())["memory_occupation"]
+
+
+async def test_released_memory_is_freed_refuses_generation_and_comes_back_with_the_sent_weights(
+        engine, tiny_model_dir, hf_model, recompute_logprobs):
+    async with EngineClient(engine) as client:
+        before = await _memory(client)
+        await client.release_memory_occupation(["weights", "kv_cache"])
+        released = await _memory(client)
+        assert released["released"] == ["kv_cache", "weights"] and released["weight_bytes"] == 0
+        assert before["weight_bytes"] > 0
+        with pytest.raises(EngineHTTPError, match="memory is released \\(kv_cache, weights\\)"):
+            await _logprobs(client)
+        assert not await client.health_generate()
+        await client.resume_memory_occupation(["weights"])
+        new = _weights(tiny_model_dir, seed=3)
+        buckets = _buckets(new, size=4)
+        # Resumed but not reloaded: the weights are zeros, and the engine says so instead of serving them.
+        await client.update_weights_from_tensor([serialize_named_tensors(buckets[0])], weight_version="7")
+        await client.resume_memory_occupation(["kv_cache"])
+        with pytest.raises(EngineHTTPError, match="weights are incomplete: .* not loaded since"):
+            await _logprobs(client)
+        for bucket in buckets[1:]:
+            await client.update_weights_from_tensor([serialize_named_tensors(bucket)], weight_version="7")
+        served = await client.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 4}, return_logprob=True)
+        assert served["meta_info"]["weight_version"] == "7"
+        assert (await _memory(client))["weight_bytes"] == before["weight_bytes"]
+    # Exactly the sent weights: the engine's logprobs are those of the new weights, not the old ones.
+    model = copy.deepcopy(hf_model)
+    model.load_state_dict(new, strict=False)
+    tokens = [entry[1] for entry in served["meta_info"]["output_token_logprobs"]]
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + tokens])).logits[0].float()
+    expected = torch.log_softmax(logits[len(PROMPT) - 1:-1], -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    got = torch.tensor([entry[0] for entry in served["meta_info"]["output_token_logprobs"]])
+    assert torch.allclose(got, expected, atol=1e-4)
+    assert not torch.allclose(got, recompute_logprobs(PROMPT, tokens, 1.0), atol=1e-3)
+
+
+async def test_a_bad_bucket_is_refused_whole_and_the_engine_keeps_serving_its_weights(engine, tiny_model_dir):
+    async with EngineClient(engine) as client:
+        before = await _logprobs(client)
+        good = sorted(_weights(tiny_model_dir, seed=5).items())[:2]
+        bad = [*good, ("model.norm.weight", torch.ones(3))]  # a wrong shape after two good tensors
+        with pytest.raises(EngineHTTPError, match="shape mismatch for 'model.norm.weight'"):
+            await client.update_weights_from_tensor([serialize_named_tensors(bad)])
+        assert await _logprobs(client) == before  # nothing of the refused bucket was applied
+
+
+class _Shell:
+    def __reduce__(self):
+        import os
+
+        return os.system, ("true",)
+
+
+async def test_a_resume_of_memory_not_released_and_payloads_that_are_not_tensor_lists_are_refused(engine):
+    async with EngineClient(engine) as client:
+        with pytest.raises(EngineHTTPError, match="memory not released, cannot resume: weights"):
+            await client.resume_memory_occupation(["weights"])
+        payload = serialize_named_tensors([("model.norm.weight", torch.ones(64))])
+        with pytest.raises(EngineHTTPError, match="one base64 payload per TP rank"):
+            await client.update_weights_from_tensor([payload, payload])
+        hostile = base64.b64encode(pickle.dumps(_Shell())).decode()
+        with pytest.raises(EngineHTTPError, match="references posix.system, which a tensor payload may not"):
+            await client.update_weights_from_tensor([hostile])
+        assert (await _memory(client))["released"] == []
