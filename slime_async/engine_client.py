@@ -106,6 +106,10 @@ class GenerateOutput:
     weight_version: str | None
     finish_reason: dict[str, Any] | None = None
     text: str | None = None
+    # Each output token's weight version, when the answer says (meta_info
+    # ``weight_version_segments``: the CPU engine, or the router for a request that spanned an
+    # in-place sync); None: all of them are ``weight_version``.
+    token_versions: list[str] | None = None
 
 
 def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
@@ -138,6 +142,7 @@ def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
             f"(keys: {sorted(data)}, meta_info keys: {sorted(meta)})"
         )
     weight_version = meta.get("weight_version")
+    token_versions = _token_versions(meta.get("weight_version_segments"), len(output_ids))
     return GenerateOutput(
         output_ids=output_ids,
         logprobs=logprobs,
@@ -148,7 +153,21 @@ def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
         weight_version=None if weight_version is None else str(weight_version),
         finish_reason=finish_reason if isinstance(finish_reason, dict) else None,
         text=data.get("text"),
+        token_versions=token_versions,
     )
+
+
+def _token_versions(segments: Any, n_tokens: int) -> list[str] | None:
+    """``[[version, n], ...]`` expanded to one version per output token; None when absent."""
+    if segments is None:
+        return None
+    try:
+        versions = [str(version) for version, count in segments for _ in range(int(count))]
+    except (TypeError, ValueError):
+        raise ValueError(f"meta_info.weight_version_segments must be [[version, n_tokens], ...], got {segments!r:.200}")
+    if len(versions) != n_tokens:
+        raise ValueError(f"meta_info.weight_version_segments covers {len(versions)} tokens, the answer has {n_tokens}")
+    return versions
 
 
 # --------------------------------------------------------------------------------------

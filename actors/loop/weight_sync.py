@@ -36,7 +36,9 @@ from slime_async.weight_delta.sender import DeltaSender, PushResult, Snapshot
 log = logging.getLogger(__name__)
 
 # --weight-update-mode -> how the router quiesces its engines (RouterActor.pause).
-_ROUTER_PAUSE: dict[WeightUpdateMode, str] = {"abort": "abort", "pause": "drain"}
+# in_place: the engines pause their running requests with their KV and continue them on the
+# new weights (SGLang pause_generation mode in_place): nothing aborted, nothing re-prefilled.
+_ROUTER_PAUSE: dict[WeightUpdateMode, str] = {"abort": "abort", "pause": "drain", "in_place": "in_place"}
 
 
 class WeightSyncError(RuntimeError):
@@ -98,7 +100,7 @@ class WeightSync:
         sync_span = self.trace.now()
         # A drain waits for the generations in flight, which the router's per-call timeout bounds.
         with self.trace.span("pause", lane, cat="weight_sync", mode=self.mode):
-            await self.router.ask("pause", _ROUTER_PAUSE[self.mode], timeout=self.timeout if self.mode == "abort" else None)
+            await self.router.ask("pause", _ROUTER_PAUSE[self.mode], timeout=self.timeout if self.mode != "pause" else None)
         urls = [engine["url"] for engine in await self.router.ask("engines") if engine["health"] != "down"]
         with self.trace.span(f"transfer ({self.transport})", lane, cat="weight_sync", engines=len(urls)):
             async with aiohttp.ClientSession() as session:

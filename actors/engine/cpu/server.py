@@ -71,6 +71,7 @@ class EngineServer:
             ),
         )
         self.groups: dict[str, dist.ProcessGroup] = {}
+        self.scheduler.weight_version = self.weight_version  # before its thread starts
         self.group_inits = 0  # weight-update groups joined since start (/server_info)
         # Tells this process from a restart on the same port: a restarted engine has lost its
         # weight-update group, and the trainer builds a new one when the id changes.
@@ -330,6 +331,7 @@ class EngineServer:
             return _json({"success": False, "message": str(exc)}, status=400)
         if body.get("abort_all_requests", True):
             await self._control(lambda: self.scheduler.abort(abort_all=True))
+        await self._control(lambda: self.scheduler.set_weight_version(new_version))
         self.weight_version = new_version
         return _json(
             {"success": True, "message": f"Weight version updated to {new_version}", "new_version": new_version}
@@ -490,7 +492,8 @@ class EngineServer:
             await self._control(lambda: self.scheduler.abort(abort_all=True))
         flush = bool(body.get("flush_cache", True))
         async with self._swap_window():
-            await self._control(lambda: self.scheduler.swap_weights(staged, flush))
+            version = None if body.get("weight_version") is None else str(body["weight_version"])
+            await self._control(lambda: self.scheduler.swap_weights(staged, flush, version))
             if body.get("weight_version") is not None:
                 self.weight_version = str(body["weight_version"])
 
