@@ -29,8 +29,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,11 +68,37 @@ class LanePool:
     _lanes: list[Lane] = field(default_factory=list)
 
 
+class Span:
+    """``TraceRecorder.span``: a context manager for ``with`` and ``async with`` alike (the latter
+    joins an ``async with lock, trace.span(...)`` line)."""
+
+    def __init__(self, recorder: TraceRecorder, name: str, lane: Lane | LanePool, cat: str, args: dict[str, Any]):
+        self.recorder, self.name, self.lane, self.cat, self.args = recorder, name, lane, cat, args
+        self.start = 0.0
+
+    def __enter__(self) -> dict[str, Any]:
+        self.start = self.recorder.clock()
+        return self.args
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
+        if kind is not None:
+            self.args["error"] = kind.__name__
+        self.recorder.record(self.name, self.lane, self.start, cat=self.cat, **self.args)
+
+    async def __aenter__(self) -> dict[str, Any]:
+        return self.__enter__()
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
+        self.__exit__(kind, error, tb)
+
+
 class TraceRecorder:
-    """Records spans into ``path`` (None: records nothing, at the cost of a few attribute reads)."""
+    """Records spans into ``path`` (None: records nothing, at the cost of a few attribute reads);
+    ``metadata`` (what was run: mode, transport, ...) goes into the file's ``otherData``."""
 
     def __init__(self, path: str | Path | None, *, max_events: int = DEFAULT_MAX_EVENTS,
-                 flush_interval: float = DEFAULT_FLUSH_INTERVAL, clock: Callable[[], float] = time.monotonic):
+                 flush_interval: float = DEFAULT_FLUSH_INTERVAL, clock: Callable[[], float] = time.monotonic,
+                 metadata: dict[str, Any] | None = None):
         if max_events < 0:
             raise ValueError(f"max_events must be >= 0, got {max_events}")
         self.path = Path(path) if path is not None else None
@@ -82,6 +107,7 @@ class TraceRecorder:
         self.clock = clock
         self.origin = clock()
         self.dropped = 0
+        self.metadata = dict(metadata or {})
         self._origin_unix = time.time()
         self._events: list[str] = []  # serialised span events, in the order they ended
         self._metadata: list[str] = []  # process / thread names and sort order
@@ -126,12 +152,15 @@ class TraceRecorder:
 
     # ----- spans ----------------------------------------------------------------------------------
     def record(self, name: str, lane: Lane | LanePool, start: float, end: float | None = None, *,
-               cat: str = "", **args: Any) -> None:
+               cat: str = "", min_seconds: float = 0.0, **args: Any) -> None:
         """A span from ``start`` to ``end`` (trace-clock seconds; None: now) with ``args``
-        (JSON-able values) shown when it is selected."""
+        (JSON-able values) shown when it is selected; skipped when shorter than ``min_seconds``
+        (a wait that did not wait)."""
         if self.path is None:
             return
         end = self.clock() if end is None else end
+        if end - start < min_seconds:
+            return
         ts = (start - self.origin) * 1e6
         dur = max(0.0, (end - start) * 1e6)
         if isinstance(lane, LanePool):
@@ -150,18 +179,10 @@ class TraceRecorder:
         if end >= self._next_flush:
             self.flush()
 
-    @contextmanager
-    def span(self, name: str, lane: Lane | LanePool, *, cat: str = "", **args: Any) -> Iterator[dict[str, Any]]:
-        """Time the block as a span; it may add to the yielded args. A block that raises is
-        recorded too, with the exception's type in ``args["error"]``."""
-        start = self.clock()
-        try:
-            yield args
-        except BaseException as error:
-            args["error"] = type(error).__name__
-            raise
-        finally:
-            self.record(name, lane, start, cat=cat, **args)
+    def span(self, name: str, lane: Lane | LanePool, *, cat: str = "", **args: Any) -> Span:
+        """Time a ``with`` (or ``async with``) block as a span; the block may add to the args it
+        gets. A block that raises is recorded too, with the exception's type in ``args["error"]``."""
+        return Span(self, name, lane, cat, args)
 
     # ----- the file -------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -170,8 +191,8 @@ class TraceRecorder:
         if self.path is None:
             return
         started = self.clock()
-        other = {"clock": "time.monotonic", "origin_unix_s": self._origin_unix,
-                 "max_events": self.max_events, "dropped_events": self.dropped}
+        other = self.metadata | {"clock": "time.monotonic", "origin_unix_s": self._origin_unix,
+                                 "max_events": self.max_events, "dropped_events": self.dropped}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.tmp")
         with temporary.open("w", encoding="utf-8") as out:

@@ -20,6 +20,7 @@ from actors.rollout.hooks import hook_style, load_function
 from actors.rollout.reward_runner import RewardRunner
 from policies.rewards import BUILTIN_REWARDS
 from slime_async.sample import Sample, Status
+from slime_async.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ class RewardScorer:
         self.errors = 0
         self.timeouts = 0
         self.runner = RewardRunner()
+        # --trace-dir: each reward call is a span (rewards of a group run at once: a lane pool).
+        self._trace = getattr(ctx, "trace", None) or TraceRecorder.off()
+        self._lanes = self._trace.pool("reward", "call")
         self._custom: Callable[..., Any] | None = None
         if config.custom_rm_path:
             function = load_function(config.custom_rm_path, "--custom-rm-path")
@@ -48,7 +52,8 @@ class RewardScorer:
         """Set ``reward`` on every sample; False when the group must be dropped."""
         if self._custom is not None and self.config.group_rm:
             try:
-                rewards = await self.runner.call(self._custom, self.ctx, samples, timeout=self.config.reward_timeout)
+                with self._trace.span("reward (group)", self._lanes, cat="reward", group=samples[0].group_index):
+                    rewards = await self.runner.call(self._custom, self.ctx, samples, timeout=self.config.reward_timeout)
                 if len(rewards) != len(samples):
                     raise ValueError(f"returned {len(rewards)} rewards for {len(samples)} samples")
                 for sample, reward in zip(samples, rewards):
@@ -61,16 +66,19 @@ class RewardScorer:
 
     async def _score_one(self, sample: Sample) -> bool:
         try:
-            if self._custom is not None:
-                reward = await self.runner.call(self._custom, self.ctx, sample, timeout=self.config.reward_timeout)
-            else:
-                builtin = BUILTIN_REWARDS[self.config.rm_type]
-                text = sample.response or self.ctx.tokenizer.decode(sample.response_tokens, skip_special_tokens=True)
-                reward = await self.runner.call(builtin, text, sample.label, timeout=self.config.reward_timeout)
+            with self._trace.span("reward", self._lanes, cat="reward", group=sample.group_index, sample=sample.index):
+                reward = await self._call_reward(sample)
             sample.reward = self._scalar(reward, sample)
             return True
         except Exception as error:  # noqa: BLE001
             return self._failed([sample], error)
+
+    async def _call_reward(self, sample: Sample) -> Any:
+        if self._custom is not None:
+            return await self.runner.call(self._custom, self.ctx, sample, timeout=self.config.reward_timeout)
+        builtin = BUILTIN_REWARDS[self.config.rm_type]
+        text = sample.response or self.ctx.tokenizer.decode(sample.response_tokens, skip_special_tokens=True)
+        return await self.runner.call(builtin, text, sample.label, timeout=self.config.reward_timeout)
 
     def _scalar(self, reward: Any, sample: Sample) -> float:
         """The float to train on; a dict reward (slime's style) is read at --reward-key and kept whole

@@ -38,7 +38,7 @@ class StandInRouter(Actor):
         self.held = asyncio.Event()
         self.release = asyncio.Event()
 
-    def generate(self, input_ids, sampling_params, session_id=None):
+    def generate(self, input_ids, sampling_params, session_id=None, trace_args=None):
         if self.fail_evals and session_id.startswith("eval-"):
             raise RuntimeError("engine http://127.0.0.1:1 answered 503")
         if session_id == self.hold and not self.held.is_set():

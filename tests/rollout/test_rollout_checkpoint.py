@@ -19,7 +19,7 @@ from slime_async.actor import Actor, spawn
 class NeverAnsweringRouter(Actor):
     name = "router"
 
-    def generate(self, input_ids, sampling_params, session_id=None):
+    def generate(self, input_ids, sampling_params, session_id=None, trace_args=None):
         return self.defer(asyncio.Event().wait())
 
 

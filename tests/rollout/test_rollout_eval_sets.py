@@ -19,7 +19,7 @@ class EchoRouter(Actor):
         super().__init__()
         self.requests: list[tuple[list[int], dict]] = []
 
-    def generate(self, input_ids, sampling_params, session_id=None):
+    def generate(self, input_ids, sampling_params, session_id=None, trace_args=None):
         self.requests.append((list(input_ids), dict(sampling_params)))
         ids = list(range(10, 10 + sampling_params["max_new_tokens"]))
         return {"meta_info": {"output_token_logprobs": [[-1.0, t, None] for t in ids],
