@@ -14,12 +14,16 @@
 #           NCCL weight updates from GPU 1 (NCCL_CUMEM_ENABLE=0 on both sides, as required).
 #   phase "rl" (after stage-b1, carry .gpu-wheels/b2): a short synchronous GRPO run of the whole
 #           runtime on GPU (rl_sync_sglang.toml): SGLang launched by the runtime, NCCL updates.
+#   phase "weight-sync SHAPE" (after stage-b1, carry .gpu-wheels/b2; SHAPE qwen2.5-0.5b or
+#           qwen2.5-1.5b): SGLang serves the shape on GPU 0, a trainer rank on GPU 1 syncs it
+#           pause->resume per tensor vs flattened buckets over the kept group, and the raw NCCL
+#           broadcast bandwidth GPU 1 -> GPU 0 in the same run (weight_sync.py).
 # Results land in $OUT; benchmarks/gpu/results/ keeps the copies.
 set -uo pipefail
 source benchmarks/gpu/common.sh
 URL=http://127.0.0.1:30000
 
-case ${1:?phase: stage-b1, trainer, sglang or rl} in
+case ${1:?phase: stage-b1, trainer, sglang, rl or weight-sync} in
 stage-b1)  # only keep b1 for the sglang phase
   mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L
   ;;
@@ -86,5 +90,21 @@ for line in open(sys.argv[1]):
         print(f"| {row['step']} | " + " | ".join(f"{row.get(k, float('nan')):.4g}" for k in keys) + " |")
 PY
   grep -v -i -E "warn" "$OUT/rl.log" | tail -25
+  ;;
+weight-sync)  # after stage-b1 (carry .gpu-wheels/b2): bash benchmarks/gpu/h200.sh weight-sync qwen2.5-1.5b
+  [ -d /tmp/b1 ] || { echo "b1 is missing: the host went cold between the phases"; exit 4; }
+  SHAPE=${2:-qwen2.5-1.5b}
+  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl
+  python3 -c "from pathlib import Path; import sys; from benchmarks.gpu.qwen_shapes import write_random_model as w; \
+w(Path('/tmp/ws-$SHAPE'), '$SHAPE')" 2>&1 | tail -1
+  launch_sglang /tmp/ws-$SHAPE 30000 0.5 /tmp/sglang-ws.log
+  SGLANG_PID=$!
+  elapsed "$(wait_sglang $URL 330)"
+  CUDA_VISIBLE_DEVICES=1 timeout ${WS_S:-240} python3 benchmarks/gpu/weight_sync.py --shape "$SHAPE" \
+    --model-dir /tmp/ws-$SHAPE --url $URL --peer-gpu 0 > "$OUT/weight_sync_$SHAPE.txt" 2>&1
+  elapsed "weight sync exit $?"
+  kill -TERM -- -"$SGLANG_PID" 2>/dev/null
+  cp /tmp/sglang-ws.log "$OUT/"
+  grep -v -i -E "warn" "$OUT/weight_sync_$SHAPE.txt" | tail -12
   ;;
 esac
