@@ -10,7 +10,7 @@ from slime_async.config.paths import require_dir, require_writable_dir
 
 TrainMode = Literal["sync", "one-step-off", "fully-async"]
 # The weight sync's choices (actors/loop/weight_sync.py); the loader admits only these values.
-WeightTransport = Literal["disk", "distributed", "delta"]
+WeightTransport = Literal["disk", "distributed", "delta", "tensor"]
 WeightUpdateMode = Literal["abort", "pause", "in_place"]
 
 
@@ -24,7 +24,12 @@ class LoopConfig:
         "disk: the trainer writes an HF checkpoint every engine loads; distributed: trainer rank 0 "
         "broadcasts buckets (gloo to CPU engines, NCCL to GPU engines); delta: each engine gets only "
         "what changed since the version it holds, compressed and checksummed, over HTTP (remote engines "
-        "on slow links; a full transfer after an engine restart)"))
+        "on slow links; a full transfer after an engine restart); tensor: --colocate only, SGLang's "
+        "update_weights_from_tensor with IPC handles (CUDA IPC on GPU, shared memory on CPU)"))
+    colocate: bool = field(default=False, metadata=_help(
+        "trainer and engines time-share the same devices (slime's flag): engines release their memory while "
+        "the trainer trains, the trainer offloads while they generate, weights move by --update-weight-transport "
+        "tensor (the default disk becomes tensor); sync and one-step-off modes"))
     update_weight_delta_receivers: str | None = field(default=None, metadata=_help(
         "delta transport: ENGINE_URL=RECEIVER_URL pairs, comma-separated, for engines whose receiver "
         "runs beside them (SGLang: python -m actors.engine.delta_receiver); an engine not named is its "
@@ -52,6 +57,25 @@ class LoopConfig:
         if self.debug_train_only and not self.load_debug_rollout_data:
             raise ValueError("--debug-train-only needs --load-debug-rollout-data DIR")
         self.delta_receivers()
+        if self.update_weight_transport == "tensor" and not self.colocate:
+            raise ValueError("--update-weight-transport tensor needs --colocate (IPC handles are opened on the "
+                             "trainer's own devices)")
+        if self.colocate:
+            self._check_colocate()
+
+    def _check_colocate(self) -> None:
+        if self.train_mode == "fully-async":
+            raise ValueError("--colocate with --train-mode fully-async: colocated engines hold no memory while the "
+                             "trainer trains, so rollout cannot run beside training; use sync or one-step-off")
+        if self.update_weight_transport in ("distributed", "delta"):
+            raise ValueError(f"--colocate with --update-weight-transport {self.update_weight_transport}: colocated "
+                             "weights move by IPC handles on the shared devices (an NCCL group cannot span one GPU "
+                             "twice); use --update-weight-transport tensor (the default with --colocate)")
+        if self.update_weights_interval != 1:
+            raise ValueError(f"--colocate with --update-weights-interval {self.update_weights_interval}: the engines "
+                             "release their weights for every training step, so they must get them back after each")
+        if self.debug_rollout_only or self.debug_train_only:
+            raise ValueError("--colocate with --debug-rollout-only / --debug-train-only: nothing to time-share")
 
     def delta_receivers(self) -> dict[str, str]:
         """--update-weight-delta-receivers as engine URL -> receiver URL."""

@@ -22,6 +22,7 @@ from actors.buffer import BufferActor
 from actors.critic.config import critic_checkpoint, critic_trainer_config
 from actors.engine.fleet import build_fleet
 from actors.loop.placement import export_dir_check, in_cluster
+from actors.loop.colocate import Colocation
 from actors.loop.checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
 from actors.loop.critic import uses_critic
 from actors.loop.train_loop import Handles, RunProgress, train_loop
@@ -112,6 +113,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     trainer_gpus = 0 if config.train.debug_rollout_only or not gpu_available else config.trainer.actor_num_gpus_per_node
     critic_first_gpu = critic_gpu_offset(config, trainer_gpus, torch.cuda.device_count() if gpu_available else 0)
     trainer_gpus += critic_first_gpu  # 0 when the critic shares the policy's GPUs
+    if config.train.colocate:
+        trainer_gpus = 0  # the engines take the trainer's own GPUs, from GPU 0
     fleet = await build_fleet(config.engine, config.trainer.hf_checkpoint, logs, gpu_available=gpu_available,
                               first_gpu=trainer_gpus, gpu_count=torch.cuda.device_count() if gpu_available else 0,
                               nodes=cluster.nodes, trainer_nodes=config.trainer.actor_num_nodes,
@@ -162,6 +165,9 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
                               timeout=config.train.weight_update_timeout,
                               delta_receivers=fleet.delta_receivers | config.train.delta_receivers(),
                               export_dir_check=export_dir_check(cluster, fleet, trainer, run_dir / "weights"))
+            if config.train.colocate:
+                sync.colocation = Colocation(trainer, child("router"), api_key=config.engine.engine_api_key,
+                                             timeout=config.train.weight_update_timeout)
             await sync.check_engines()
         start_step = start_version = 0
         if trainer is not None and config.critic.critic_load:
@@ -179,6 +185,9 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
                           monitor=child("monitor"), weight_sync=sync, checkpointer=checkpointer,
                           eval_dataset=eval_dataset, total_steps=total_steps, start_step=start_step,
                           start_version=start_version, restarts=restarts, progress=progress)
+        if sync is not None and sync.colocation is not None:
+            handles.colocation = sync.colocation
+            await sync.colocation.start()  # the first rollout has the devices
         # A restarted or re-registered engine gets the current weights before it gets work.
         rejoins = asyncio.ensure_future(sync.watch_engines()) if sync is not None else None
         try:

@@ -57,9 +57,36 @@ class RunConfig:
                              f"groups (--rollout-batch-size {rollout.rollout_batch_size})")
         check_critic_run(self.algorithm.advantage_estimator, self.critic, loss_type=self.algorithm.loss_type,
                          debug_rollout_only=train.debug_rollout_only, debug_train_only=train.debug_train_only)
+        if train.colocate:
+            self._check_colocate()
         if self.algorithm.advantage_estimator == "ppo" and self.trainer.actor_num_nodes > 1:
             raise ValueError("--actor-num-nodes > 1 with --advantage-estimator ppo: PPO's critic group runs on "
                              "the head's node only (not yet across nodes)")
+
+    def _check_colocate(self) -> None:
+        """--colocate puts every engine TP worker on a trainer rank's device: the same number of each."""
+        engine, trainer = self.engine, self.trainer
+        if engine.engine_type == "external":
+            raise ValueError("--colocate with --engine-type external: the run must own the engines it tells to "
+                             "release their memory")
+        if self.algorithm.advantage_estimator == "ppo":
+            raise ValueError("--colocate with --advantage-estimator ppo: the critic's group has no device of its own "
+                             "to offload to (not yet supported)")
+        pp = trainer.megatron.get("pipeline_model_parallel_size", 1)
+        if pp > 1:
+            raise ValueError(f"--colocate with --pipeline-model-parallel-size {pp}: the engine's TP workers open "
+                             "the full weights of the trainer rank on their device, which a pipeline stage lacks")
+        import torch  # here, not at the top: `slime-async train --help` imports this module and not torch
+
+        if engine.engine_type == "sglang" and not engine.sglang.get("enable_memory_saver"):
+            raise ValueError("--colocate with SGLang engines needs --sglang-enable-memory-saver: without it "
+                             "/release_memory_occupation frees nothing")
+        if engine.engine_type == "sglang" or (engine.engine_type == "auto" and torch.cuda.is_available()):
+            trainer_gpus = trainer.actor_num_gpus_per_node * trainer.actor_num_nodes
+            if trainer_gpus != engine.rollout_num_gpus:
+                raise ValueError(f"--colocate: the trainer's GPUs (--actor-num-gpus-per-node × --actor-num-nodes = "
+                                 f"{trainer_gpus}) must be the engines' (--rollout-num-gpus {engine.rollout_num_gpus}):"
+                                 " each engine TP worker shares a trainer rank's GPU")
 
     def _check_global_batch_size(self) -> None:
         """--num-steps-per-rollout sets --global-batch-size (as in slime); both must split a rollout
@@ -112,6 +139,8 @@ class RunConfig:
                             use_reference=self.trainer.use_reference or needs_reference(self.algorithm)),
             router=replace(self.router, router_request_timeout=(
                 self.engine.engine_request_timeout if router_timeout is None else router_timeout)),
+            # Colocated weights move by IPC handles: the default transport (disk) becomes tensor.
+            train=replace(train, update_weight_transport="tensor") if train.colocate else train,
         )
 
     @property

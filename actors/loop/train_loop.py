@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.loop.batching import advantage_logprobs, build_train_batch
+from actors.loop.colocate import Colocation
 from actors.loop.checkpoint import RunCheckpointer
 from actors.loop.critic import critic_values, train_critic, trains_policy, uses_critic
 from actors.loop.debug_dump import dump_groups
@@ -50,6 +51,7 @@ class Handles:
     start_version: int = 0
     restarts: int = 0  # how often this run was restarted from a checkpoint after a failure
     progress: RunProgress = field(default_factory=RunProgress)
+    colocation: Colocation | None = None  # --colocate: engines and trainer take turns on the devices
 
 
 async def train_loop(config: RunConfig, h: Handles) -> int:
@@ -67,6 +69,8 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
             if groups is None:
                 log.warning("prompt data ran out after %d of %d steps", step, h.total_steps)
                 break
+            # Colocated: the engines release the devices, the trainer's state comes back to them.
+            colocated = await h.colocation.to_trainer() if h.colocation is not None else {}
             temperature = rollout_cfg.logprob_temperature
             ref_logprobs = old_logprobs = None
             if h.trainer is not None:
@@ -76,6 +80,7 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
                 groups, spec, train_version=version, temperature=temperature, max_staleness=config.buffer.max_staleness,
                 mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout, ref_logprobs=ref_logprobs,
                 old_logprobs=old_logprobs, values=values, lambd=config.critic.lambd)
+            metrics.update(colocated)
             if config.train.save_debug_rollout_data:
                 dump_groups(config.train.save_debug_rollout_data, step + 1, groups)
             if h.trainer is not None:
@@ -135,4 +140,3 @@ async def _evaluate(h: Handles, step: int) -> None:
     rewards = ", ".join(f"{key} {value:.3f}" for key, value in metrics.items() if key.endswith("/reward_mean"))
     log.info("eval at step %d: %s", step, rewards or "no samples")
     h.monitor.tell("log", step, metrics)
-

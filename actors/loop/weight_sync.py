@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from actors.loop.colocate import Colocation
 from actors.loop.config import WeightTransport, WeightUpdateMode
 from actors.loop.weight_group import EngineSetGroup, engine_identity, join_group, leave_group, send_weights
 from actors.trainer.protocol import WeightGroupSpec
@@ -73,6 +74,8 @@ class WeightSync:
     _delta_results: list[PushResult] = field(default_factory=list, init=False, repr=False)
     # Multi-node runs: fails when an engine's node cannot read what the trainer exports (disk transport).
     export_dir_check: Callable[[], Awaitable[None]] | None = None
+    # --colocate (tensor transport): the phases around the update on the shared devices.
+    colocation: Colocation | None = None
     # --trace-dir: each sync is a span on the timeline, its pause, transfer and resume inside it.
     trace: TraceRecorder = field(default_factory=TraceRecorder.off, repr=False)
 
@@ -82,6 +85,8 @@ class WeightSync:
             if self.export_dir_check is not None:
                 await self.export_dir_check()
             return
+        if self.transport == "tensor":
+            return  # its layout is read at each update (actors/loop/colocate.py)
         urls = [engine["url"] for engine in await self.router.ask("engines")]
         if self.transport == "delta":
             await self._check_receivers(urls)
@@ -109,6 +114,8 @@ class WeightSync:
                     await self._via_disk(clients, version)
                 elif self.transport == "delta":
                     await self._via_delta(clients, version)
+                elif self.transport == "tensor":
+                    await self._colocated().update_weights(clients, version)
                 else:
                     await self._via_broadcast(clients, version)
         with self.trace.span("resume", lane, cat="weight_sync"):
@@ -156,6 +163,8 @@ class WeightSync:
                     result = await client.update_weights_from_disk(
                         str(self.weights_dir / f"v{version}"), weight_version=str(version), timeout=self.timeout)
                     self._check([client], [result])
+                elif self.transport == "tensor":
+                    await self._colocated().rejoin(client, version)
                 elif self.transport == "delta":
                     # The version last sent; a restarted engine's receiver holds none: a full transfer.
                     await self._push_delta([client], self._delta_base)
@@ -179,6 +188,11 @@ class WeightSync:
             log.error("engine %s rejoined with other weights; loading v%d into it left it %s", url, version, state)
         return state
 
+    def _colocated(self) -> Colocation:
+        if self.colocation is None:
+            raise WeightSyncError("--update-weight-transport tensor needs --colocate")
+        return self.colocation
+
     async def _via_disk(self, clients: list[EngineClient], version: int) -> None:
         path = self.weights_dir / f"v{version}"
         await self.trainer.ask("export_hf", str(path), timeout=self.timeout)
@@ -193,6 +207,8 @@ class WeightSync:
         delta transport the last transfer's bytes on the wire (all engines), their share of a full
         transfer's, and how many engines got a full one."""
         out = {"router/engine_rejoins": float(self._rejoins)}
+        if self.colocation is not None:
+            out |= self.colocation.metrics()
         if self.transport == "distributed":
             out["perf/weight_sync_group_inits"] = float(self._group.inits if self._group is not None else 0)
         if self.transport == "delta":  # no transfer at all when every engine was gone: 0 bytes, no ratio

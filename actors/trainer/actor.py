@@ -482,6 +482,37 @@ class TrainerActor(Actor):
     def destroy_weight_group(self, group_name: str = "weight_update_group") -> Deferred:
         return self.defer(self._all("destroy_weight_group", group_name))
 
+    # ----- colocated training (--colocate: actors/trainer/colocate.py) ----------------------------
+    def offload(self, parts: Sequence[str]) -> Deferred:
+        """Move ``parts`` (optimizer, grads, params) of every rank to host memory; the slowest rank's seconds."""
+        return self.defer(self._slowest(self._all("offload", list(parts))))
+
+    def onload(self) -> Deferred:
+        """Bring every rank's offloaded state back to its device; the slowest rank's seconds."""
+        return self.defer(self._slowest(self._all("onload")))
+
+    def next_tensor_bucket(self, serving: Sequence[int]) -> Deferred:
+        """The next bucket of the weight export: per rank its IPC payload ("" on ranks not in
+        ``serving``); None when the export is done."""
+        per_rank = [(rank in serving,) for rank in range(self.num_ranks)]
+        return self.defer(self._bucket(self._all("next_tensor_bucket", per_rank=per_rank)))
+
+    def end_tensor_export(self) -> Deferred:
+        return self.defer(self._all("end_tensor_export"))
+
+    def memory_peak(self) -> Deferred:
+        """The largest rank's peak device bytes since the last call (CUDA allocated; CPU resident)."""
+        return self.defer(self._slowest(self._all("memory_peak")))
+
+    @staticmethod
+    async def _slowest(results) -> float:
+        return max(await results)
+
+    @staticmethod
+    async def _bucket(results) -> list[str] | None:
+        payloads = await results
+        return None if all(p is None for p in payloads) else list(payloads)
+
     def rank_info(self) -> list[RankInfo]:
         return list(self.ranks)
 
@@ -547,4 +578,3 @@ class TrainerActor(Actor):
     async def _first_of(results) -> Any:
         values = await results
         return next((v for v in values if v is not None), None)
-

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from actors.trainer.bridge import hf_vocab_size_of, load_hf_weights, save_hf_checkpoint, unwrap_model
+from actors.trainer.colocate import ColocatedRank
 from actors.trainer.config import TrainerConfig
 from actors.trainer.fused_logprobs import head_weight, response_token_stats, return_hidden_states
 from actors.trainer.kernels import resolve_kernels
@@ -49,7 +50,7 @@ def _micro_batch_tensors(batch: Batch, device: torch.device) -> dict[str, Any]:
     return out
 
 
-class TrainerOps(MegatronRank):
+class TrainerOps(ColocatedRank, MegatronRank):
     """The policy's rank: logprobs, the policy loss's optimizer step, the reference model,
     HF export and weight broadcast to the engines."""
 

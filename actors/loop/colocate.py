@@ -1,0 +1,169 @@
+"""Colocated training (--colocate): the trainer and the engines take turns on the same devices.
+
+One step, after its rollout:
+
+    to_trainer():       router pauses (aborts what runs) → engines release weights + KV cache
+                        → trainer onloads (optimizer, grads, params back to the device)
+    ... the loop computes logprobs and trains ...
+    update_weights():   trainer offloads optimizer + grads → engines resume weights memory
+                        → buckets of full HF tensors as IPC handles, each POSTed to
+                          /update_weights_from_tensor of every engine → trainer offloads params
+                        → engines resume KV cache      (then the router confirms the version)
+
+The model params leave the device last because the IPC handles point at them. A failure in any
+phase raises ColocateError naming the phase and the engine, and ends the run: an engine that has
+released its memory, or holds only part of the new weights, refuses to generate with a clear
+error (actors/engine/cpu/memory.py), and the router, paused, sends it nothing. An engine that
+fails before releasing keeps serving the weights it has (the previous version).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from slime_async.actor import ActorRef
+from slime_async.engine_client import EngineClient
+
+log = logging.getLogger(__name__)
+
+ALL_MEMORY = ["weights", "kv_cache"]
+
+
+class ColocateError(RuntimeError):
+    """A phase of colocated training failed; the message names it and the engine."""
+
+
+@dataclass
+class Colocation:
+    trainer: ActorRef
+    router: ActorRef
+    api_key: str | None = None
+    timeout: float | None = 300.0
+    _released: bool = field(default=False, init=False)  # the engines' memory is released
+    _metrics: dict[str, float] = field(default_factory=dict, init=False)
+    phases: list[str] = field(default_factory=list, init=False)  # every phase run, in order (tests read it)
+
+    async def start(self) -> None:
+        """Before the first rollout: the trainer's state leaves the devices the engines generate on."""
+        await self._phase("offload", self.trainer.ask("offload", ["optimizer", "grads", "params"], timeout=self.timeout))
+
+    async def to_trainer(self) -> dict[str, float]:
+        """After a rollout: the engines free the devices and the trainer takes them; the step's
+        release and onload seconds."""
+        await self.router.ask("pause", "abort", timeout=self.timeout)  # nothing of ours runs on them now
+        urls = [engine["url"] for engine in await self.router.ask("engines") if engine["health"] != "down"]
+        async with aiohttp.ClientSession() as session:
+            return await self._release([EngineClient(url, session=session, api_key=self.api_key) for url in urls])
+
+    async def _release(self, clients: Sequence[EngineClient]) -> dict[str, float]:
+        release = await self._phase("release_memory", self._on_engines(
+            clients, "release_memory_occupation", [c.release_memory_occupation(ALL_MEMORY, timeout=self.timeout) for c in clients]))
+        self._released = True
+        engine_memory = await _engine_memory(clients[0]) if clients else {}
+        onload = await self._phase("onload", self.trainer.ask("onload", timeout=self.timeout))
+        return {"perf/release_memory_time": release, "perf/onload_time": onload,
+                **{f"memory/engine_released_{k}": v for k, v in engine_memory.items()}}
+
+    async def update_weights(self, clients: Sequence[EngineClient], version: int) -> int:
+        """After training: the new weights into every engine's resumed memory; returns buckets sent."""
+        started = time.monotonic()
+        offload = await self._phase("offload", self.trainer.ask("offload", ["optimizer", "grads"], timeout=self.timeout))
+        if self._released:
+            await self._phase("resume_weights", self._on_engines(
+                clients, "resume_memory_occupation", [c.resume_memory_occupation(["weights"], timeout=self.timeout) for c in clients]))
+        update_started = time.monotonic()
+        try:
+            buckets = await self._send_buckets(clients, str(version))
+        finally:
+            await self.trainer.ask("end_tensor_export", timeout=self.timeout)
+        update = time.monotonic() - update_started
+        self.phases.append("update_weights_from_tensor")
+        log.info("colocate: update_weights_from_tensor v%d: %d bucket(s) to %d engine(s) (%.2f s)",
+                 version, buckets, len(clients), update)
+        offload += await self._phase("offload", self.trainer.ask("offload", ["params"], timeout=self.timeout))
+        if self._released:
+            await self._phase("resume_kv_cache", self._on_engines(
+                clients, "resume_memory_occupation", [c.resume_memory_occupation(["kv_cache"], timeout=self.timeout) for c in clients]))
+            self._released = False
+        engine_memory = await _engine_memory(clients[0]) if clients else {}
+        self._metrics = {"perf/offload_time": offload, "perf/weight_update_time": update,
+                         "perf/colocate_sync_time": time.monotonic() - started,
+                         "memory/trainer_peak_gb": await self.trainer.ask("memory_peak", timeout=self.timeout) / 2**30,
+                         **{f"memory/engine_serving_{k}": v for k, v in engine_memory.items()}}
+        return buckets
+
+    async def rejoin(self, client: EngineClient, version: int) -> None:
+        """An engine restarted between steps serves other weights: the trainer's params come back to
+        the device for the export and leave again. During a step (memory released) the step's own
+        update reaches it."""
+        if self._released:
+            return
+        await self.trainer.ask("onload", timeout=self.timeout)
+        try:
+            await self._send_buckets([client], str(version))
+        finally:
+            await self.trainer.ask("end_tensor_export", timeout=self.timeout)
+            await self.trainer.ask("offload", ["optimizer", "grads", "params"], timeout=self.timeout)
+
+    def metrics(self) -> dict[str, float]:
+        """The last update's offload / weight update seconds and memory peaks."""
+        return dict(self._metrics)
+
+    async def _send_buckets(self, clients: Sequence[EngineClient], version: str) -> int:
+        # Engine i's TP worker k opens the handles of the trainer rank on its device: ranks
+        # offset_i + k in placement order (the run checked at start that the counts match; a CPU
+        # engine reads any rank's shared memory, so fewer ranks than workers wrap around).
+        ranks = len(await self.trainer.ask("rank_info"))
+        infos = await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients))
+        layout, next_rank = [], 0
+        for info in infos:
+            tp = int(info.get("tp_size") or 1)
+            layout.append([(next_rank + k) % ranks for k in range(tp)])
+            next_rank += tp
+        serving = sorted({rank for workers in layout for rank in workers})
+        sent = 0
+        while True:
+            payloads = await self.trainer.ask("next_tensor_bucket", serving, timeout=self.timeout)
+            if payloads is None:
+                return sent
+            await self._on_engines(clients, f"update_weights_from_tensor (bucket {sent + 1})", [
+                c.update_weights_from_tensor([payloads[r] for r in workers], weight_version=version, timeout=self.timeout)
+                for c, workers in zip(clients, layout)])
+            sent += 1
+
+    @staticmethod
+    async def _on_engines(clients: Sequence[EngineClient], what: str, calls: Sequence[Awaitable[Any]]) -> None:
+        """Run one call per engine at once; any failure raises, naming every engine that failed."""
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        failures = [f"{c.url}: {r}" for c, r in zip(clients, results) if isinstance(r, BaseException)]
+        if failures:
+            raise ColocateError(f"--colocate: {what} failed on engine(s) {'; '.join(failures)}")
+
+    async def _phase(self, name: str, work: Awaitable[Any]) -> float:
+        started = time.monotonic()
+        result = await work
+        seconds = float(result) if isinstance(result, (int, float)) else time.monotonic() - started
+        self.phases.append(name)
+        log.info("colocate: %s (%.3f s)", name, seconds)
+        return seconds
+
+
+async def _engine_memory(client: EngineClient) -> dict[str, float]:
+    """The first engine's memory in GB, from /server_info: the CPU engine's resident set, SGLang's
+    static weight and KV reservations."""
+    try:
+        info = await client.get_server_info(timeout=30.0)
+    except Exception:  # noqa: BLE001 - a metric; the phases check the engines themselves
+        return {}
+    if "memory_occupation" in info:
+        memory = info["memory_occupation"]
+        return {"rss_gb": memory["rss_bytes"] / 2**30, "weights_gb": memory["weight_bytes"] / 2**30}
+    usage = (info.get("internal_states") or [{}])[0].get("memory_usage") or {}
+    return {f"{key}_gb": float(usage[key]) for key in ("weight", "kvcache") if key in usage}

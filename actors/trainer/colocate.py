@@ -1,0 +1,115 @@
+"""One trainer rank's side of colocated training (--colocate): device residency and tensor export.
+
+The engines and the trainer time-share the devices. While the engines generate, the trainer's
+state sits in host memory (``offload``); before it trains it comes back (``onload``). Parts:
+``optimizer`` (Adam's moments and the fp32 main params: megatron-core 0.16's
+``MegatronOptimizer.offload_to_cpu``), ``grads`` and ``params`` (the DDP buffers'
+``offload_to_cpu``: storage freed, params copied to pinned host memory). The model params go
+last, after the engines hold the new weights: they are what the IPC handles point at.
+
+On CPU the device is the host: nothing moves, but the phases still run (and are timed), so
+the orchestration is the same code on both.
+
+The export: ``next_tensor_bucket`` gathers the next bucket of full HF-named tensors (TP
+all-gathers: collective, every rank is called) and, on the ranks that serve an engine TP
+worker, returns them as IPC handles (slime_async.tensor_ipc) while holding the tensors alive
+until the next call, after the engines have copied them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from actors.trainer.bridge import iter_hf_weight_buckets, unwrap_model
+from slime_async.memory_stats import peak_rss_bytes
+from slime_async.tensor_ipc import serialize_named_tensors
+
+log = logging.getLogger(__name__)
+
+PARTS = ("optimizer", "grads", "params")
+
+
+class ColocatedRank:
+    """Mixin of the policy's rank (TrainerOps): uses its ``ddp``, ``optimizer``, ``weights``
+    (bucket size and engine dtype), ``ref_state`` and ``_refuse_non_finite_weights``."""
+
+    _offloaded: frozenset[str] = frozenset()
+    _export: Iterator[list[tuple[str, torch.Tensor]]] | None = None
+    _held: list[tuple[str, torch.Tensor]] | None = None
+
+    def offload(self, parts: Sequence[str]) -> float:
+        """Move ``parts`` of this rank's state to host memory; returns the seconds it took."""
+        started = time.perf_counter()
+        parts = _check(parts)
+        if torch.cuda.is_available():
+            self._move(parts, to_host=True)
+        self._offloaded = self._offloaded | parts
+        log.info("colocate: offloaded %s", ", ".join(sorted(parts)))
+        return time.perf_counter() - started
+
+    def onload(self) -> float:
+        """Bring every offloaded part back to the device; returns the seconds it took."""
+        started = time.perf_counter()
+        if torch.cuda.is_available() and self._offloaded:
+            self._move(self._offloaded, to_host=False)
+        log.info("colocate: onloaded %s", ", ".join(sorted(self._offloaded)) or "nothing")
+        self._offloaded = frozenset()
+        return time.perf_counter() - started
+
+    def next_tensor_bucket(self, serve: bool) -> str | None:
+        """The next bucket of the weight export as one IPC payload (None on ranks that do not
+        ``serve`` an engine worker, and on every rank once the buckets are done)."""
+        if self._export is None:
+            if "params" in self._offloaded:
+                raise RuntimeError("next_tensor_bucket: the params are offloaded; export before offloading them")
+            self._refuse_non_finite_weights("send weights to the engines")
+            self._export = iter(iter_hf_weight_buckets(unwrap_model(self.ddp), self.weights.bucket_bytes,
+                                                       dtype=self.weights.dtype))
+        self._held = None  # the engines have copied the previous bucket: its tensors may go
+        bucket = next(self._export, None)
+        if bucket is None:
+            self._export = None
+            return None
+        if not serve:
+            return ""
+        self._held = [(name, tensor.contiguous()) for name, tensor in bucket]
+        return serialize_named_tensors(self._held)
+
+    def end_tensor_export(self) -> None:
+        """Drop the export (after the last bucket, or when the sync gave up half-way)."""
+        self._export = None
+        self._held = None
+
+    def memory_peak(self) -> int:
+        """Peak device bytes (CUDA: allocated; CPU: resident) since the last call."""
+        if torch.cuda.is_available():
+            peak = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            return int(peak)
+        return peak_rss_bytes(reset=True)
+
+    def _move(self, parts: frozenset[str], to_host: bool) -> None:
+        buffers = [*self.ddp.buffers, *getattr(self.ddp, "expert_parallel_buffers", [])]
+        torch.cuda.synchronize()
+        if "optimizer" in parts:
+            (self.optimizer.offload_to_cpu if to_host else self.optimizer.restore_from_cpu)()
+        move = {"move_params": "params" in parts, "move_grads": "grads" in parts}
+        for buffer in buffers:
+            (buffer.offload_to_cpu if to_host else buffer.reload_from_cpu)(**move)
+        if "params" in parts and self.ref_state is not None:
+            device = "cpu" if to_host else torch.device("cuda", torch.cuda.current_device())
+            self.ref_state = {name: t.to(device, non_blocking=True) for name, t in self.ref_state.items()}
+        torch.cuda.synchronize()
+        if to_host:
+            torch.cuda.empty_cache()
+
+
+def _check(parts: Sequence[str]) -> frozenset[str]:
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"offload: unknown part(s) {unknown}; parts are {list(PARTS)}")
+    return frozenset(parts)
