@@ -196,6 +196,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             if rejoins is not None:
                 rejoins.cancel()
                 await asyncio.gather(rejoins, return_exceptions=True)
+            if sync is not None:
+                await sync.close()  # the weight-update group, on the trainer and the engines
         print(f"run finished: {run_dir}", file=sys.stderr)
         return code
 

@@ -69,6 +69,11 @@ def test_kill_9_of_the_only_owned_engine_mid_run_completes_every_step(launch, ch
     assert all(m["train/logprob_abs_diff"] < 1e-4 for m in steps[-2:]), [m["train/logprob_abs_diff"] for m in steps]
     assert len(run.tracker.matching("actors.engine.cpu")) == 2  # the first engine and its restart
     assert run.tracker.wait_all_gone(10) == []  # nothing the run started outlives it, the killed engine included
+    if transport == "distributed":
+        # One weight-update group served the syncs before the kill; the restart (a new engine
+        # process) got a new one, not every sync after it.
+        assert steps[1]["perf/weight_sync_group_inits"] == 1.0
+        assert 2.0 <= steps[-1]["perf/weight_sync_group_inits"] < STEPS, [m["perf/weight_sync_group_inits"] for m in steps]
     if transport == "delta":
         assert_delta_transfers_served_every_export(run, STEPS)
         # The steps' metrics say the same: the first sync was full, the step syncs without a full one deltas.
