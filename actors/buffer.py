@@ -33,9 +33,9 @@ import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from policies.staleness import is_too_stale, may_admit, staleness
+from policies.staleness import is_too_stale, may_admit, oldest_first, staleness
 from slime_async.actor import Actor, Deferred
 from slime_async.config.flags import field_help as _help
 from slime_async.sample import Sample
@@ -43,6 +43,7 @@ from slime_async.sample import Sample
 log = logging.getLogger(__name__)
 
 Group = list[Sample]
+BufferOrder = Literal["oldest_first", "fifo"]
 
 
 @dataclass
@@ -57,6 +58,10 @@ class BufferConfig:
     mask_offpolicy_in_partial_rollout: bool = field(default=False, metadata=_help(
         "a partial rollout whose older tokens exceed --max-staleness keeps its newer tokens (the "
         "old ones get loss mask 0) instead of the whole group being dropped"))
+    buffer_order: BufferOrder = field(default="oldest_first", metadata=_help(
+        "which buffered groups a training step takes: oldest_first (the oldest generated token first: groups "
+        "that finished late, e.g. behind a long-tail sample, are trained before they go stale instead of "
+        "being dropped) or fifo (the order they finished in)"))
 
     def validate(self) -> None:
         if self.buffer_capacity <= 0:
@@ -114,6 +119,7 @@ class BufferActor(Actor):
         self.capacity = config.buffer_capacity
         self.max_staleness = config.max_staleness
         self.mask_offpolicy = config.mask_offpolicy_in_partial_rollout
+        self.order = config.buffer_order
         self.groups_per_step = groups_per_step
         self.version = version
         # No group can be trained at an earlier version than this any more (versions only grow),
@@ -196,6 +202,8 @@ class BufferActor(Actor):
             "buffer/consumed_groups": float(self._consumed),
             "buffer/dropped_stale": float(self._dropped_groups),
             "buffer/dropped_stale_samples": float(self._dropped_samples),
+            # Of the groups that reached the buffer and left it, the share thrown away as too stale.
+            "buffer/dropped_stale_frac": self._dropped_groups / max(1, self._dropped_groups + self._consumed),
             "buffer/version": float(self.version),
         }
         if self._last_staleness_max is not None:
@@ -259,7 +267,7 @@ class BufferActor(Actor):
                 served = True
                 continue
             self._get_waiters.popleft()
-            entries = [self._groups.popleft() for _ in range(waiter.n_groups)]
+            entries = self._take(waiter.n_groups)
             self._consumed += len(entries)
             oldest = [e.oldest for e in entries if e.oldest is not None]
             if oldest:
@@ -267,6 +275,16 @@ class BufferActor(Actor):
             waiter.future.set_result([e.group for e in entries])
             served = True
         return served
+
+    def _take(self, n_groups: int) -> list[_Entry]:
+        """Remove and return the ``n_groups`` groups the next step trains (``--buffer-order``)."""
+        if self.order == "fifo" or self.max_staleness is None:
+            return [self._groups.popleft() for _ in range(n_groups)]
+        # A group with nothing generated can never go stale: it ranks as if generated now.
+        chosen = set(oldest_first([self._reference(e, self.version) for e in self._groups], n_groups))
+        entries = [e for i, e in enumerate(self._groups) if i in chosen]
+        self._groups = deque(e for i, e in enumerate(self._groups) if i not in chosen)
+        return entries
 
     def _serve_puts(self) -> bool:
         served = False
@@ -328,10 +346,14 @@ class BufferActor(Actor):
     def _is_stale(self, entry: _Entry) -> bool:
         if entry.oldest is None:
             return False  # nothing generated (e.g. failed samples): nothing can be stale
+        return is_too_stale(self._horizon, self._reference(entry, self._horizon), self.max_staleness)
+
+    def _reference(self, entry: _Entry, default: int) -> int:
+        """The version whose age decides whether the group is too stale (``default`` if none)."""
         # With masking, only the too-old tokens lose their loss; a group is useless (dropped)
         # only when even its newest token is too old.
         reference = entry.newest if self.mask_offpolicy else entry.oldest
-        return is_too_stale(self._horizon, reference, self.max_staleness)
+        return default if reference is None else reference
 
 
 async def _wait(future: asyncio.Future) -> Any:

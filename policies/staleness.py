@@ -26,6 +26,7 @@ that still ends up too old (e.g. a step that consumed fewer groups) is caught by
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only annotations: the buffer's config imports this module, and the CLI's help not torch
@@ -63,6 +64,21 @@ def is_too_stale(train_version: int, oldest_token_version: int, max_staleness: i
     if max_staleness is None:
         return False
     return staleness(train_version, oldest_token_version) > max_staleness
+
+
+def oldest_first(versions: Sequence[int], n_groups: int) -> list[int]:
+    """Which ``n_groups`` of the buffered groups to train now: the oldest generated version
+    first (ties in arrival order); indices into ``versions``, in arrival order.
+
+    A group's deadline is its oldest token's version + k: trained at a later version it is
+    dropped. Groups finish out of admission order (a long-tail sample holds its group back
+    while later ones complete), so taking them in arrival order trains fresh groups first and
+    lets the late ones pass their deadline: generated, then dropped. Earliest deadline first
+    trains each group while it still counts; the fresh ones it defers have the most slack."""
+    if n_groups < 0:
+        raise ValueError(f"n_groups must be >= 0, got {n_groups}")
+    chosen = sorted(range(len(versions)), key=lambda i: (versions[i], i))[:n_groups]
+    return sorted(chosen)
 
 
 def offpolicy_token_mask(

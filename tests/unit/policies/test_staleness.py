@@ -11,6 +11,7 @@ from policies.staleness import (
     max_admissible_groups,
     may_admit,
     offpolicy_token_mask,
+    oldest_first,
     staleness,
 )
 
@@ -90,3 +91,11 @@ def test_offpolicy_token_mask_zeroes_tokens_older_than_the_bound():
     # train version 5, k 1: versions 3 (stale by 2) masked, 4 and 5 kept
     mask = offpolicy_token_mask(torch.tensor([[3, 3, 4, 5]]), train_version=5, max_staleness=1)
     torch.testing.assert_close(mask, torch.tensor([[0.0, 0.0, 1.0, 1.0]]))
+
+
+def test_oldest_first_picks_the_oldest_versions_and_breaks_ties_by_arrival():
+    # versions by arrival: 3 1 2 1 0 -> oldest two are index 4 (v0) and index 1 (v1, before index 3).
+    assert oldest_first([3, 1, 2, 1, 0], 2) == [1, 4]
+    assert oldest_first([3, 1, 2, 1, 0], 3) == [1, 3, 4]
+    assert oldest_first([5, 5, 5], 2) == [0, 1]  # one version: plain FIFO
+    assert oldest_first([1, 0], 5) == [0, 1]
