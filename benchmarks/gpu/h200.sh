@@ -18,12 +18,15 @@
 #           qwen2.5-1.5b): SGLang serves the shape on GPU 0, a trainer rank on GPU 1 syncs it
 #           pause->resume per tensor vs flattened buckets over the kept group, and the raw NCCL
 #           broadcast bandwidth GPU 1 -> GPU 0 in the same run (weight_sync.py).
+#   phase "kernels" (carry .gpu-wheels/b2 .gpu-wheels/b3; one GPU or two): trainer tokens/s and
+#           MFU with the full-logits vs the chunked logprob head, and packed attention per
+#           sequence vs one varlen call, for the 0.5B and 1.5B shapes (trainer_throughput.py).
 # Results land in $OUT; benchmarks/gpu/results/ keeps the copies.
 set -uo pipefail
 source benchmarks/gpu/common.sh
 URL=http://127.0.0.1:30000
 
-case ${1:?phase: stage-b1, trainer, sglang, rl or weight-sync} in
+case ${1:?phase: stage-b1, trainer, sglang, rl, weight-sync or kernels} in
 stage-b1)  # only keep b1 for the sglang phase
   mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L
   ;;
@@ -106,5 +109,20 @@ w(Path('/tmp/ws-$SHAPE'), '$SHAPE')" 2>&1 | tail -1
   kill -TERM -- -"$SGLANG_PID" 2>/dev/null
   cp /tmp/sglang-ws.log "$OUT/"
   grep -v -i -E "warn" "$OUT/weight_sync_$SHAPE.txt" | tail -12
+  ;;
+kernels)  # carry .gpu-wheels/b2 .gpu-wheels/b3: bash benchmarks/gpu/h200.sh kernels
+  pipi .gpu-wheels/b2/megatron_core-*.whl .gpu-wheels/b2/orjson-*.whl .gpu-wheels/b3/aiorwlock-*.whl
+  python3 -c "import torch, inspect; from torch.nn.attention.varlen import varlen_attn as v; \
+print('torch', torch.__version__, 'varlen_attn', inspect.signature(v))" 2>&1 | tail -1
+  GPUS=$(nvidia-smi -L | wc -l)
+  LIMIT=${KERNELS_S:-$([ "$GPUS" -gt 1 ] && echo 540 || echo 280)}  # one GPU runs the shapes in turn
+  for shape in qwen2.5-0.5b qwen2.5-1.5b; do
+    gpu=$([ "$shape" = qwen2.5-1.5b ] && [ "$GPUS" -gt 1 ] && echo 1 || echo 0)
+    CUDA_VISIBLE_DEVICES=$gpu timeout $LIMIT python3 benchmarks/gpu/trainer_throughput.py --shape $shape \
+      --seq-lens ${SEQ_LENS:-2048} > "$OUT/trainer_kernels_$shape.txt" 2>&1 &
+    [ "$GPUS" -gt 1 ] || wait
+  done
+  wait
+  for f in "$OUT"/trainer_kernels_*.txt; do echo "== $f"; grep -v -i -E "warn|^\s*$|tp_group|return module" "$f" | tail -24; done
   ;;
 esac

@@ -19,6 +19,10 @@ QWEN25_SHAPES: dict[str, dict] = {
                          num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                          num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    # Not a Qwen model: the real vocabulary on a 2-layer body, so the GPU benchmarks can be
+    # checked end to end on a CPU in seconds.
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
 }
 COMMON = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
               bos_token_id=151643, eos_token_id=151643, use_sliding_window=False)
