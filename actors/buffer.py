@@ -48,9 +48,11 @@ BufferOrder = Literal["oldest_first", "fifo"]
 
 @dataclass
 class BufferConfig:
-    buffer_capacity: int = field(default=64, metadata=_help(
+    buffer_capacity: int | None = field(default=None, metadata=_help(
         "groups the buffer holds, counting groups reserved and still being generated; producers "
-        "wait for space beyond it (backpressure)"))
+        "wait for space beyond it (backpressure). Unset: max(64, (staleness bound + 1) × groups per "
+        "version), so that it never holds back what the bound admits (fully-async keeps k + 1 steps "
+        "of groups in flight); 64 when the staleness is unbounded"))
     max_staleness: int | None = field(default=None, metadata=_help(
         "fully-async: no trained token was generated more than this many policy versions ago; new "
         "prompts wait while in-flight + buffered work would break it; none = unbounded (sync implies 0, "
@@ -64,7 +66,7 @@ class BufferConfig:
         "being dropped) or fifo (the order they finished in)"))
 
     def validate(self) -> None:
-        if self.buffer_capacity <= 0:
+        if self.buffer_capacity is not None and self.buffer_capacity <= 0:
             raise ValueError(f"--buffer-capacity must be > 0, got {self.buffer_capacity}")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"--max-staleness must be >= 0 or none, got {self.max_staleness}")
@@ -116,7 +118,7 @@ class BufferActor(Actor):
         super().__init__(name)
         if groups_per_step <= 0:
             raise ValueError(f"groups_per_step must be > 0, got {groups_per_step}")
-        self.capacity = config.buffer_capacity
+        self.capacity = config.buffer_capacity or default_capacity(config.max_staleness, groups_per_step)
         self.max_staleness = config.max_staleness
         self.mask_offpolicy = config.mask_offpolicy_in_partial_rollout
         self.order = config.buffer_order
@@ -354,6 +356,14 @@ class BufferActor(Actor):
         # only when even its newest token is too old.
         reference = entry.newest if self.mask_offpolicy else entry.oldest
         return default if reference is None else reference
+
+
+def default_capacity(max_staleness: int | None, groups_per_step: int) -> int:
+    """What --buffer-capacity defaults to: room for every group the staleness bound admits
+    ((k + 1) × G: k steps ahead plus the one being generated for), at least 64."""
+    if max_staleness is None:
+        return 64
+    return max(64, (max_staleness + 1) * groups_per_step)
 
 
 async def _wait(future: asyncio.Future) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from actors.buffer import BufferConfig
+from actors.buffer import BufferConfig, default_capacity
 from actors.critic.config import CriticConfig, check_run as check_critic_run
 from actors.engine.config import RUNTIME_OWNED_SGLANG_FIELDS, EngineConfig
 from actors.loop.config import LoopConfig
@@ -52,7 +52,7 @@ class RunConfig:
         if self.buffer.max_staleness not in (None, implied) and train.train_mode != "fully-async":
             raise ValueError(f"--max-staleness applies to --train-mode fully-async, not {train.train_mode} "
                              "(sync is staleness 0, one-step-off is 1)")
-        if self.buffer.buffer_capacity < rollout.rollout_batch_size:
+        if self.buffer.buffer_capacity is not None and self.buffer.buffer_capacity < rollout.rollout_batch_size:
             raise ValueError(f"--buffer-capacity ({self.buffer.buffer_capacity}) must hold at least one step's "
                              f"groups (--rollout-batch-size {rollout.rollout_batch_size})")
         check_critic_run(self.algorithm.advantage_estimator, self.critic, loss_type=self.algorithm.loss_type,
@@ -134,7 +134,8 @@ class RunConfig:
         router_timeout = self.router.router_request_timeout
         return replace(
             self,
-            buffer=replace(self.buffer, max_staleness=max_staleness),
+            buffer=replace(self.buffer, max_staleness=max_staleness, buffer_capacity=(
+                self.buffer.buffer_capacity or default_capacity(max_staleness, self.groups_per_version))),
             trainer=replace(self.trainer, global_batch_size=self._global_batch_size(),
                             use_reference=self.trainer.use_reference or needs_reference(self.algorithm)),
             router=replace(self.router, router_request_timeout=(

@@ -62,3 +62,14 @@ def test_the_runs_config_yaml_loads_back_to_the_same_resolved_config(tmp_path, f
     config = parse(*flags)
     dump_config(config, tmp_path / "config.yaml")
     assert config_to_dict(parse_run_config(["--config", str(tmp_path / "config.yaml")])) == config_to_dict(config)
+
+
+@pytest.mark.parametrize(("flags", "capacity"), [
+    (["--train-mode", "sync"], 64),  # (0 + 1) × 8 groups, at least 64
+    (["--train-mode", "fully-async", "--max-staleness", "2", "--rollout-batch-size", "32"], 96),  # (2 + 1) × 32
+    (["--train-mode", "fully-async", "--rollout-batch-size", "32"], 64),  # unbounded staleness
+    (["--train-mode", "fully-async", "--max-staleness", "2", "--rollout-batch-size", "32",
+      "--buffer-capacity", "40"], 40),  # set: kept
+])
+def test_the_buffer_holds_every_group_the_staleness_bound_admits_unless_its_capacity_is_set(flags, capacity):
+    assert parse(*flags).buffer.buffer_capacity == capacity
