@@ -65,6 +65,11 @@ class MonitorConfig:
         "show a progress bar (steps, reward, tokens/s) when the console is a terminal"))
     log_interval: int = field(default=1, metadata=_help(
         "print a one-line summary of the key metrics every N steps; 0 = never"))
+    trace_dir: str | None = field(default=None, metadata=_help(
+        "write a Chrome/Perfetto timeline of the run to DIR/trace.json (generation requests per engine, "
+        "rewards, trainer ops, weight-sync phases, buffer waits); render it with benchmarks/render_trace.py"))
+    trace_max_events: int = field(default=200_000, metadata=_help(
+        "--trace-dir: keep at most this many spans; later ones are dropped and counted in the file"))
     # wandb, with slime's flag names (--wandb-key is left out: a key in a flag is printed at start
     # and saved in <run_dir>/config.yaml; wandb reads WANDB_API_KEY or `wandb login`).
     use_wandb: bool = field(default=False, metadata=_help(
@@ -89,12 +94,17 @@ class MonitorConfig:
     def validate(self) -> None:
         if self.log_interval < 0:
             raise ValueError(f"--log-interval must be >= 0, got {self.log_interval}")
+        if self.trace_max_events < 1:
+            raise ValueError(f"--trace-max-events must be >= 1, got {self.trace_max_events}")
 
     def preflight(self) -> None:
         """wandb imports and, online, has an API key: checked at start, before anything is
-        spawned (the monitor, which starts wandb, starts after the engines); so is --tensorboard-dir."""
+        spawned (the monitor, which starts wandb, starts after the engines); so are --tensorboard-dir and
+        --trace-dir."""
         if self.tensorboard and self.tensorboard_dir:
             require_writable_dir(self.tensorboard_dir, "--tensorboard-dir")
+        if self.trace_dir:
+            require_writable_dir(self.trace_dir, "--trace-dir")
         if not self.use_wandb:
             return
         try:

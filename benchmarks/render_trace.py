@@ -98,9 +98,11 @@ def load(path: Path) -> tuple[list[Process], dict[str, Any]]:
     return ordered, (data.get("otherData") or {}) if isinstance(data, dict) else {}
 
 
-def is_pool(process: Process, tids: list[int]) -> bool:
-    """A ``TraceRecorder.pool``'s threads: "<name> 0", "<name> 1", ..."""
-    return all(process.threads[t].rsplit(" ", 1)[-1].isdigit() for t in tids)
+def pool_name(thread: str) -> str:
+    """The pool a thread belongs to (``TraceRecorder.pool``'s threads are "<name> 0", "<name> 1", ...),
+    else its own name."""
+    base, _, number = thread.rpartition(" ")
+    return base if base and number.isdigit() else thread
 
 
 def color(span: Span) -> str:
@@ -147,10 +149,12 @@ def render(processes: list[Process], other: dict[str, Any], out: Path, *, title:
     rows: list[tuple[Process, list[int], float, float]] = []  # process, tids, y top, height
     y = 0.0
     for p in processes:
-        tids = sorted(p.spans, key=lambda t: (p.thread_order.get(t, t), t))
-        groups = [tids] if is_pool(p, tids) else [[tid] for tid in tids]
-        for group in groups:
-            height = min(float(len(group)), MAX_SUBROWS_HEIGHT) if len(group) > 1 else 1.0
+        groups: dict[str, list[int]] = {}
+        for tid in sorted(p.spans, key=lambda t: (p.thread_order.get(t, t), t)):
+            groups.setdefault(pool_name(p.threads[tid]), []).append(tid)
+        for group in groups.values():
+            most = MAX_SUBROWS_HEIGHT if p.name.startswith("engine") else MAX_SUBROWS_HEIGHT / 2
+            height = min(float(len(group)), most) if len(group) > 1 else 1.0
             rows.append((p, group, y, height))
             y += height + 0.35
     fig_height = 1.6 + 0.42 * y
@@ -170,15 +174,14 @@ def render(processes: list[Process], other: dict[str, Any], out: Path, *, title:
                 ax.add_patch(Rectangle((span.start - origin, row_top + sub * 0.08), width, sub * 0.84,
                                        facecolor=color(span), edgecolor="white" if sub > 0.3 else "none",
                                        linewidth=0.3))
-                if sub >= 0.6 and width > (hi - lo) * 0.04 and span.name.startswith(("step", "weight sync")):
+                if sub >= 0.6 and width > (hi - lo) * 0.025 and span.name.startswith(("step", "weight sync")):
                     ax.text(span.start - origin + width / 2, row_top + sub / 2, span.name, ha="center", va="center",
                             fontsize=7, clip_on=True)
         spans = [s for tid in tids for s in p.spans[tid]]
         busy = busy_fraction(spans, lo, hi)
+        label = p.name if len({pool_name(p.threads[t]) for t in p.spans}) == 1 else f"{p.name}: {pool_name(p.threads[tids[0]])}"
         if len(tids) > 1:
-            label = f"{p.name} (≤{len(tids)} at once)"
-        else:
-            label = p.name if len(p.spans) == 1 else f"{p.name}: {p.threads[tids[0]]}"
+            label += f" (≤{len(tids)} at once)"
         labels.append((top + height / 2, f"{label}\nbusy {busy:.0%}"))
     ax.set_xlim(lo - origin, hi - origin)
     ax.set_ylim(y, -0.2)

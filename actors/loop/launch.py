@@ -42,6 +42,7 @@ from actors.loop.run_config import RunConfig
 from slime_async.runtime import EXIT_FAILURE, run, run_supervised
 from slime_async.cluster.nodes import Cluster
 from slime_async.supervisor import ChildSpec, Supervisor
+from slime_async.trace import TraceRecorder
 
 log = logging.getLogger("slime_async")
 
@@ -58,8 +59,12 @@ def run_train(config: RunConfig) -> int:
     restarts = 0
     while True:
         progress = RunProgress()
-        code = run(lambda: in_cluster(config, lambda cluster: _main(config, run_dir, restarts, progress, cluster)),
-                   use_uvloop=use_uvloop)
+        trace = trace_recorder(config, restarts)
+        try:
+            code = run(lambda: in_cluster(config, lambda cluster: _main(config, run_dir, restarts, progress, cluster,
+                                                                        trace)), use_uvloop=use_uvloop)
+        finally:
+            trace.close()
         if not should_restart(config, code, progress, restarts):
             return code
         # Each attempt is a fresh event loop and process tree; everything else comes from the
@@ -70,6 +75,18 @@ def run_train(config: RunConfig) -> int:
             config = replace(config, checkpoint=replace(config.checkpoint, load=str(latest)))
         log.warning("the run failed after %d trained step(s); restart %d of %d from %s", progress.steps_trained,
                     restarts, config.checkpoint.max_run_restarts, config.checkpoint.load or "the start")
+
+
+def trace_recorder(config: RunConfig, restarts: int) -> TraceRecorder:
+    """--trace-dir's recorder for one attempt of the run (each restart writes a file of its own)."""
+    if not config.monitor.trace_dir:
+        return TraceRecorder.off()
+    name = "trace.json" if not restarts else f"trace.restart{restarts}.json"
+    train = config.train
+    return TraceRecorder(Path(config.monitor.trace_dir) / name, max_events=config.monitor.trace_max_events,
+                         metadata={"train_mode": train.train_mode, "max_staleness": config.buffer.max_staleness,
+                                   "update_weight_transport": train.update_weight_transport,
+                                   "weight_update_mode": train.weight_update_mode})
 
 
 def should_restart(config: RunConfig, code: int, progress: RunProgress, restarts: int) -> bool:
@@ -95,12 +112,13 @@ def _dataset(config: RunConfig, path: str, tokenizer, *, shuffle: bool, num_epoc
     return prompt_dataset(config.rollout, path, tokenizer, shuffle=shuffle, num_epoch=num_epoch)
 
 
-async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunProgress, cluster: Cluster) -> int:
+async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunProgress, cluster: Cluster,
+                trace: TraceRecorder) -> int:
     import torch
 
     if config.train.debug_train_only:
         return await _trainer_only(config, run_dir, 0, lambda root: replay_loop(
-            config, trainer=root.child("trainer"), monitor=root.child("monitor")), cluster=cluster)
+            config, trainer=root.child("trainer"), monitor=root.child("monitor")), cluster=cluster, trace=trace)
     tokenizer = _load_tokenizer(config)
     r = config.rollout
     dataset = _dataset(config, r.prompt_data, tokenizer, shuffle=r.rollout_shuffle, num_epoch=r.num_epoch)
@@ -108,7 +126,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     total_steps = r.num_rollout or max(1, (len(dataset) * r.num_epoch) // r.rollout_batch_size)
     logs = run_dir / "logs"
     if config.algorithm.loss_type == "sft":
-        return await _sft_main(config, run_dir, dataset, tokenizer, total_steps, cluster)
+        return await _sft_main(config, run_dir, dataset, tokenizer, total_steps, cluster, trace)
     gpu_available = torch.cuda.is_available()
     trainer_gpus = 0 if config.train.debug_rollout_only or not gpu_available else config.trainer.actor_num_gpus_per_node
     critic_first_gpu = critic_gpu_offset(config, trainer_gpus, torch.cuda.device_count() if gpu_available else 0)
@@ -130,7 +148,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             max_seconds=config.cluster.supervisor_max_seconds))),
         ChildSpec("router", lambda: spawn(RouterActor(config.router, fleet.urls,
                                                       api_key=config.engine.engine_api_key,
-                                                      model=_text_model(config, tokenizer)))),
+                                                      model=_text_model(config, tokenizer), trace=trace))),
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps,
                                                         resume_step=_resume_step(config, restarts)))),
         ChildSpec("buffer", lambda: spawn(BufferActor(config.buffer, groups_per_step=config.groups_per_version))),
@@ -140,12 +158,12 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         critic = critic_trainer_config(config.trainer, config.critic) if uses_critic(config.algorithm) else None
         specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, logs, critic=critic,
                                                                      critic_first_gpu=critic_first_gpu,
-                                                                     nodes=cluster.nodes))))
+                                                                     nodes=cluster.nodes, trace=trace))))
 
     async def start_rollout():
         rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
                                tokenizer=tokenizer, vocab_size=_vocab_size(config),
-                               plugin_settings=flatten_config(config))
+                               plugin_settings=flatten_config(config), trace=trace)
         # Hooks reach the router's HTTP front here (OpenAI-client agents, slime-style plug-ins).
         rollout.ctx.router_url = await child("router").ask("front_url")
         rollout.ctx.router_api_key = config.router.router_api_key
@@ -164,7 +182,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
                               config.train.weight_update_mode, run_dir / "weights", api_key=config.engine.engine_api_key,
                               timeout=config.train.weight_update_timeout,
                               delta_receivers=fleet.delta_receivers | config.train.delta_receivers(),
-                              export_dir_check=export_dir_check(cluster, fleet, trainer, run_dir / "weights"))
+                              export_dir_check=export_dir_check(cluster, fleet, trainer, run_dir / "weights"),
+                              trace=trace)
             if config.train.colocate:
                 sync.colocation = Colocation(trainer, child("router"), api_key=config.engine.engine_api_key,
                                              timeout=config.train.weight_update_timeout)
@@ -184,7 +203,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         handles = Handles(rollout=child("rollout"), buffer=child("buffer"), trainer=trainer, router=child("router"),
                           monitor=child("monitor"), weight_sync=sync, checkpointer=checkpointer,
                           eval_dataset=eval_dataset, total_steps=total_steps, start_step=start_step,
-                          start_version=start_version, restarts=restarts, progress=progress)
+                          start_version=start_version, restarts=restarts, progress=progress, trace=trace)
         if sync is not None and sync.colocation is not None:
             handles.colocation = sync.colocation
             await sync.colocation.start()  # the first rollout has the devices
@@ -229,19 +248,22 @@ def _resume_step(config: RunConfig, restarts: int) -> int | None:
     return 1 if restarts else None
 
 
-async def _sft_main(config: RunConfig, run_dir: Path, dataset, tokenizer, total_steps: int, cluster: Cluster) -> int:
+async def _sft_main(config: RunConfig, run_dir: Path, dataset, tokenizer, total_steps: int, cluster: Cluster,
+                    trace: TraceRecorder) -> int:
     """The warm start: trainer and monitor only, no engines."""
     return await _trainer_only(config, run_dir, total_steps, lambda root: sft_loop(
         trainer=root.child("trainer"), monitor=root.child("monitor"), dataset=dataset, tokenizer=tokenizer,
         spec=config.algorithm, batch_size=config.rollout.rollout_batch_size, total_steps=total_steps,
-        save_hf=config.checkpoint.save_hf), cluster=cluster)
+        save_hf=config.checkpoint.save_hf), cluster=cluster, trace=trace)
 
 
-async def _trainer_only(config: RunConfig, run_dir: Path, total_steps: int, main, cluster: Cluster) -> int:
+async def _trainer_only(config: RunConfig, run_dir: Path, total_steps: int, main, cluster: Cluster,
+                        trace: TraceRecorder) -> int:
     """A tree of just the monitor and the trainer, running ``main(root)``."""
     root = Supervisor("slime-async-trainer", [
         ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps or None))),
-        ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, run_dir / "logs", nodes=cluster.nodes))),
+        ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, run_dir / "logs", nodes=cluster.nodes,
+                                                        trace=trace))),
     ], max_restarts=0, max_seconds=1)
     return await run_supervised(root, lambda root: with_outcome(root.child("monitor"), main(root)))
 

@@ -23,6 +23,7 @@ from actors.loop.weight_sync import WeightSync
 from actors.loop.run_config import RunConfig
 from slime_async.actor import ActorRef
 from slime_async.task_group import task_group
+from slime_async.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class Handles:
     restarts: int = 0  # how often this run was restarted from a checkpoint after a failure
     progress: RunProgress = field(default_factory=RunProgress)
     colocation: Colocation | None = None  # --colocate: engines and trainer take turns on the devices
+    trace: TraceRecorder = field(default_factory=TraceRecorder.off)  # --trace-dir
 
 
 async def train_loop(config: RunConfig, h: Handles) -> int:
@@ -64,8 +66,12 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
         h.rollout.tell("start")
         while step < h.total_steps:
             started = time.monotonic()
+            waited = h.trace.now()
             # None once the rollout has told the buffer that the data ended and too few groups are left.
             groups = await h.buffer.ask("get", rollout_cfg.rollout_batch_size, version, timeout=None)
+            h.trace.record("wait for data", h.trace.lane("buffer", "trainer waits for data"), waited,
+                           cat="buffer_wait", min_seconds=0.001, step=step + 1)
+            step_started = h.trace.now()
             if groups is None:
                 log.warning("prompt data ran out after %d of %d steps", step, h.total_steps)
                 break
@@ -100,6 +106,8 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
                 metrics["perf/weight_sync_time"] = await h.weight_sync(version)
                 await h.buffer.ask("set_version", version)
             metrics["perf/step_time"] = time.monotonic() - started
+            h.trace.record(f"step {step}", h.trace.lane("train loop", "steps"), step_started, cat="train_step",
+                           step=step, version=version, samples=len(batch))
             metrics["train/version"] = float(version)
             metrics["run/restarts"] = float(h.restarts)
             metrics.update(await h.rollout.ask("metrics"))
@@ -140,3 +148,4 @@ async def _evaluate(h: Handles, step: int) -> None:
     rewards = ", ".join(f"{key} {value:.3f}" for key, value in metrics.items() if key.endswith("/reward_mean"))
     log.info("eval at step %d: %s", step, rewards or "no samples")
     h.monitor.tell("log", step, metrics)
+

@@ -33,12 +33,14 @@ from slime_async.actor import Actor, ActorRef
 from slime_async.limiter import Limiter
 from slime_async.sample import Sample, Status
 from slime_async.task_group import gather_or_cancel
+from slime_async.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
 
 MAX_GROUP_ATTEMPTS = 3  # a prompt whose generation keeps failing (engine errors) is dropped after this
 MAX_CONSECUTIVE_FAILURES = 32  # this many failed groups in a row means no engine can serve: stop the run
 CAPACITY_INTERVAL = 1.0  # seconds between two reads of the engines' capacity (the router's, no HTTP)
+MIN_WAIT = 0.001  # seconds: a shorter wait for the buffer is no wait, and is left off the timeline
 
 
 @dataclass
@@ -62,14 +64,18 @@ class RolloutActor(Actor):
 
     def __init__(self, config: RolloutConfig, *, router: ActorRef, buffer: ActorRef, dataset: Any,
                  tokenizer: Any, vocab_size: int | None = None, name: str | None = None,
-                 plugin_settings: dict[str, Any] | None = None):
+                 plugin_settings: dict[str, Any] | None = None, trace: TraceRecorder | None = None):
         """``plugin_settings``: the whole run config flattened (``flatten_config``), which slime-style
-        hooks read as ``args``; without it they see the rollout section only."""
+        hooks read as ``args``; without it they see the rollout section only. ``trace``
+        (--trace-dir): generations, rewards and the waits for room in the buffer become spans."""
         super().__init__(name)
         self.config = config
         self.buffer = buffer
         self.dataset = dataset
-        self.ctx = GenerateContext(router, tokenizer, config, vocab_size)
+        self.ctx = GenerateContext(router, tokenizer, config, vocab_size, trace=trace or TraceRecorder.off())
+        # One producer waits for admission; every group task may wait to put (a pool of lanes).
+        self._admission_waits = self.ctx.trace.lane("buffer", "rollout waits for admission")
+        self._space_waits = self.ctx.trace.pool("buffer", "rollout waits for space")
         # Hooks of either style are wrapped into the native signatures below (hooks.hook_style).
         self.plugins = SlimePlugins(config, self.ctx, plugin_settings)
         self.scorer = RewardScorer(config, self.ctx, self.plugins)
@@ -189,7 +195,10 @@ class RolloutActor(Actor):
     async def _produce(self) -> None:
         await self._update_concurrency()
         while True:
+            waited = self.ctx.trace.now()
             await self.buffer.ask("reserve", timeout=None)
+            # Admission: the staleness bound (or capacity) holds this group back.
+            self.ctx.trace.record("wait for admission", self._admission_waits, waited, cat="buffer_wait", min_seconds=MIN_WAIT)
             await self._group_slots.acquire()
             prompt, attempts = self._next_prompt()
             while prompt is None and self._in_flight_prompts:
@@ -281,7 +290,10 @@ class RolloutActor(Actor):
             await self.buffer.ask("cancel_reservation")
             return
         self._record(group)
+        waited = self.ctx.trace.now()
         await self.buffer.ask("put", group, timeout=None)
+        self.ctx.trace.record("wait for space", self._space_waits, waited, cat="buffer_wait", min_seconds=MIN_WAIT,
+                              group=group_index)
 
     def _settle(self, group_index: int) -> None:
         """The group's prompt leaves flight: its group goes to the buffer, is dropped or is retried."""

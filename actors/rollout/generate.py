@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.router.completion import find_stop
 from slime_async.actor import ActorRef
 from slime_async.engine_client import GenerateOutput, parse_generate_output
 from slime_async.sample import Sample, Status, policy_version
+from slime_async.trace import TraceRecorder
 from slime_async.trajectory import to_samples
 
 MAX_RESUMES = 64  # a turn aborted this often is not making progress: fail it instead of looping
@@ -46,6 +47,8 @@ class GenerateContext:
     vocab_size: int | None = None  # the model's (may exceed the tokenizer's, padded)
     router_url: str | None = None  # the router's HTTP front, "http://127.0.0.1:PORT" (None: no front)
     router_api_key: str | None = None  # what clients of the front must send (--router-api-key)
+    # --trace-dir: the run's timeline; a hook may add its own spans (tool calls, ...) to it.
+    trace: TraceRecorder = field(default_factory=TraceRecorder.off)
 
     def openai_base_url(self, sample: Sample) -> str:
         """An OpenAI ``base_url`` (``.../sessions/<id>/v1``) whose requests are this sample's:
@@ -88,8 +91,9 @@ class GenerateContext:
         return self.router_url.rstrip("/")
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
-                       session_id: str | None = None) -> GenerateOutput:
-        """One raw request through the router (no resume): SGLang's answer, parsed."""
+                       session_id: str | None = None, trace_args: dict[str, Any] | None = None) -> GenerateOutput:
+        """One raw request through the router (no resume): SGLang's answer, parsed. ``trace_args``
+        label its span on the --trace-dir timeline."""
         # SGLang does not check ids against the vocabulary and its scheduler dies on one that is
         # out of range: a hook's bad token must fail this sample, not an engine.
         vocab = self.vocab_size
@@ -98,7 +102,7 @@ class GenerateContext:
         # No timeout here: a request waits in the router while weights sync, and the router
         # bounds each engine call itself (--router-request-timeout / --engine-request-timeout).
         response = await self.router.ask("generate", input_ids, sampling_params, session_id=session_id,
-                                         timeout=None)
+                                         trace_args=trace_args, timeout=None)
         output = parse_generate_output(response)
         if output.logprobs is None:
             raise GenerationFailed(f"engine {response.get('engine_url')} returned no logprobs")
@@ -130,7 +134,8 @@ class GenerateContext:
             remaining = budget - len(turn)
             ask = min(remaining, chunk_tokens) if stop else remaining
             output = await self.generate(sample.tokens + turn, {**sampling_params, "max_new_tokens": ask},
-                                         session_id=sample.session_id)
+                                         session_id=sample.session_id, trace_args={
+                                             "group": sample.group_index, "sample": sample.index, "resumed": aborts > 0})
             pieces.append((output.output_ids, output.logprobs, _token_versions(output)))
             produced, turn = len(turn), turn + output.output_ids
             if stop and output.output_ids:

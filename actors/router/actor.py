@@ -52,6 +52,7 @@ from slime_async.engine_client import (
     RetryPolicy,
     new_engine_session,
 )
+from slime_async.sample import policy_version
 from slime_async.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
@@ -339,7 +340,7 @@ class RouterActor(Actor):
         finish = meta.get("finish_reason")
         args = dict(trace_args or {}) | {
             "prompt_tokens": prompt_tokens, "completion_tokens": meta.get("completion_tokens"),
-            "version": meta.get("weight_version"),
+            "version": policy_version(meta["weight_version"]) if "weight_version" in meta else None,
             "finish": finish.get("type") if isinstance(finish, dict) else ("error" if response is None else None)}
         self._trace.record("generate", self._trace.pool(f"engine {engine_tag(engine.url)}", "request"), sent,
                            cat="generate", **args)

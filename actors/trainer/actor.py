@@ -39,6 +39,7 @@ from slime_async.batch import Batch
 from slime_async.cluster.nodes import LocalNode, Node
 from slime_async.process import ProcessChild, ProcessExited, ProcessSpec, log_tail
 from slime_async.rpc import RpcBridge, RpcError
+from slime_async.trace import TraceRecorder
 from slime_async.net import free_port
 from slime_async.weight_group import nccl_env_defaults
 
@@ -79,6 +80,18 @@ def _root_cause_rank(torchrun_log_tail: str) -> int | None:
     current = torchrun_log_tail.rsplit("=== ", 1)[-1] if "start: " in torchrun_log_tail else torchrun_log_tail
     match = _ROOT_CAUSE.search(current)
     return int(match.group(1)) if match else None
+
+
+def _op_name(op: str, kwargs: dict[str, Any]) -> str:
+    """An op's span on the timeline: compute_logprobs names its model (actor = π_old, ref = π_ref)."""
+    return f"logprobs ({kwargs.get('model', 'actor')})" if op == "compute_logprobs" else op
+
+
+def _op_args(per_rank: Sequence[tuple] | None) -> dict[str, Any]:
+    """What the span shows of an op's arguments: the samples of a batch op (all DP shards; TP/PP
+    peers hold the same shard object)."""
+    shards = {id(args[0]): len(args[0]) for args in per_rank or () if args and isinstance(args[0], Batch)}
+    return {"samples": sum(shards.values())} if shards else {}
 
 
 def needs_old_logprobs(spec: LossSpec) -> bool:
@@ -142,7 +155,8 @@ class TrainerActor(Actor):
     either group's death fails the actor."""
 
     def __init__(self, config: TrainerConfig, log_dir: str | Path, name: str = "trainer",
-                 critic: TrainerConfig | None = None, critic_first_gpu: int = 0, nodes: Sequence[Node] | None = None):
+                 critic: TrainerConfig | None = None, critic_first_gpu: int = 0, nodes: Sequence[Node] | None = None,
+                 trace: TraceRecorder | None = None):
         super().__init__(name)
         self.config = config.validate()
         # One torchrun per node, the head's first (slime_async.cluster): node k runs node rank k.
@@ -160,6 +174,7 @@ class TrainerActor(Actor):
         self.critic_first_gpu = critic_first_gpu  # on GPU: 0 shares the policy's GPUs
         self.bridge: RpcBridge | None = None
         self._op_lock = asyncio.Lock()
+        self._trace = trace or TraceRecorder.off()  # --trace-dir: each op on the ranks is a span
         self._death: TrainerRankDied | None = None
         self._died = asyncio.Event()
 
@@ -374,7 +389,8 @@ class TrainerActor(Actor):
             raise ValueError(f"critic op {op!r}, but this trainer has no critic (--advantage-estimator ppo)")
         lock = self.critic.lock if critic else self._op_lock
         num_ranks = self.critic.num_ranks if critic else self.num_ranks
-        async with lock:
+        lane = self._trace.lane("critic" if critic else "trainer", "ranks")
+        async with lock, self._trace.span(_op_name(op, kwargs), lane, cat="train", op=op, **_op_args(per_rank)):
             calls = [
                 self._call(r, op, *(per_rank[r] if per_rank is not None else args), role=role, **kwargs)
                 for r in range(num_ranks)
@@ -578,3 +594,4 @@ class TrainerActor(Actor):
     async def _first_of(results) -> Any:
         values = await results
         return next((v for v in values if v is not None), None)
+
