@@ -173,13 +173,17 @@ async def _kept_group_scenario(run: Run, trainer, engine_ref, url: str, hf_dir: 
         pid = after["pid"]
         os.kill(pid, signal.SIGKILL)
         await engine_ref.stop()
-        # The trainer's side of the group notices the dead peer in the next broadcast and drops it.
+        # Its restart on the same port starts now, while the trainer's side of the group notices
+        # the dead peer in the next broadcast and drops the group.
+        restart = asyncio.ensure_future(start_cpu_engine(hf_dir, work / "logs-restarted", port=int(url.rsplit(":", 1)[1])))
         try:
-            await send_weights(trainer, [engine], group.spec.group_name, "5", timeout=120)
-        except Exception as error:  # noqa: BLE001 - recorded for the assertions
-            run.group["dead_broadcast_error"] = str(error)
-        run.group["trainer_kept_group"] = await _trainer_has_group(trainer, group.spec.group_name)
-        engine_ref, _ = await start_cpu_engine(hf_dir, work / "logs-restarted", port=int(url.rsplit(":", 1)[1]))
+            try:
+                await trainer.ask("broadcast_weights", group.spec.group_name, timeout=120)
+            except TrainerOpError as error:
+                run.group["dead_broadcast_error"] = str(error)
+            run.group["trainer_kept_group"] = await _trainer_has_group(trainer, group.spec.group_name)
+        finally:
+            engine_ref, _ = await restart  # the caller stops it
         restarted = await sync(session, 6)
         run.group |= {"inits_after_restart": group.inits,
                       "restarted_engine_inits": (await engine.get_server_info())["weights_update_group_inits"],
