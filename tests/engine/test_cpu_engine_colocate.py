@@ -12,13 +12,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from actors.loop.colocate import ColocateError, Colocation
+from actors.router.actor import RouterActor
+from actors.router.config import RouterConfig
+from slime_async.actor import Actor, ActorRef, ActorStopped, spawn
 from slime_async.engine_client import EngineClient, EngineHTTPError
 from slime_async.tensor_ipc import serialize_named_tensors
 
 PROMPT = [5, 9, 13, 2, 7]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine(engine_url, tiny_model_dir):
     """The shared read-only engine (a private one costs seconds of start-up), given back with its
     memory resumed and its own weights and version, whatever a test left."""
@@ -106,7 +110,8 @@ async def test_a_bad_bucket_is_refused_whole_and_the_engine_keeps_serving_its_we
         bad = [*good, ("model.norm.weight", torch.ones(3))]  # a wrong shape after two good tensors
         with pytest.raises(EngineHTTPError, match="shape mismatch for 'model.norm.weight'"):
             await client.update_weights_from_tensor([serialize_named_tensors(bad)])
-        assert await _logprobs(client) == before  # nothing of the refused bucket was applied
+        # Nothing of the refused bucket was applied (a prefix-cache hit moves the last float bits).
+        assert await _logprobs(client) == pytest.approx(before, abs=1e-5)
 
 
 class _Shell:
@@ -127,3 +132,103 @@ async def test_a_resume_of_memory_not_released_and_payloads_that_are_not_tensor_
         with pytest.raises(EngineHTTPError, match="references posix.system, which a tensor payload may not"):
             await client.update_weights_from_tensor([hostile])
         assert (await _memory(client))["released"] == []
+
+
+# ---- the colocated phases against this engine, with failures injected for real ---------------
+
+class _Trainer(Actor):
+    """The trainer's side of the phases for one rank, serving the checkpoint's real tensors as IPC
+    handles (bucket ``bad`` gets a wrong shape); the Megatron trainer's own side runs in the e2e run."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], bad: int | None = None):
+        super().__init__("trainer")
+        self.buckets = _buckets(weights, size=4)
+        self.bad, self.sent, self.held = bad, 0, None
+
+    def offload(self, parts) -> float:
+        return 0.0
+
+    def onload(self) -> float:
+        return 0.0
+
+    def rank_info(self) -> list[int]:
+        return [0]
+
+    def next_tensor_bucket(self, serving) -> list[str] | None:
+        if self.sent == len(self.buckets):
+            return None
+        bucket = list(self.buckets[self.sent])
+        if self.sent + 1 == self.bad:
+            bucket[0] = (bucket[0][0], torch.zeros(3))
+        self.sent += 1
+        self.held = bucket  # alive until the engines answered, as the ranks hold theirs
+        return [serialize_named_tensors(bucket)]
+
+    def end_tensor_export(self) -> None:
+        self.held = None
+
+    def memory_peak(self) -> int:
+        return 1
+
+
+@pytest.fixture
+async def colocated(engine, tiny_model_dir):
+    router = await spawn(RouterActor(RouterConfig(), [engine]))
+    made: list = []
+
+    async def make(bad: int | None = None) -> tuple[Colocation, ActorRef]:
+        trainer = await spawn(_Trainer(_weights(tiny_model_dir, seed=9), bad=bad))
+        made.append(trainer)
+        return Colocation(trainer, router, timeout=60.0), trainer
+
+    yield make
+    for ref in [*made, router]:
+        await ref.stop()
+
+
+async def test_a_bucket_the_engine_refuses_fails_the_update_and_the_engine_serves_no_half_weights(engine, colocated):
+    colocation, _ = await colocated(bad=2)
+    await colocation.to_trainer()
+    async with EngineClient(engine) as client:
+        with pytest.raises(ColocateError, match=rf"update_weights_from_tensor \(bucket 2\) failed on engine\(s\) "
+                                                rf"{engine}: .*shape mismatch"):
+            await colocation.update_weights([client], version=1)
+        with pytest.raises(EngineHTTPError, match="memory is released \\(kv_cache\\)"):
+            await _logprobs(client)  # and with the KV cache resumed: weights incomplete (the test above)
+
+
+async def test_an_engine_that_refuses_to_resume_fails_the_update_before_any_weight_moves(engine, colocated):
+    colocation, trainer = await colocated()
+    await colocation.to_trainer()
+    async with EngineClient(engine) as client:
+        await client.resume_memory_occupation(["weights"])  # behind the run's back: its resume is refused
+        with pytest.raises(ColocateError, match="resume_memory_occupation failed on engine.*memory not released"):
+            await colocation.update_weights([client], version=1)
+        assert trainer.actor.sent == 0
+        with pytest.raises(EngineHTTPError, match="memory is released \\(kv_cache\\)"):
+            await _logprobs(client)
+
+
+async def test_a_trainer_gone_after_the_release_leaves_the_engine_refusing_with_a_clear_error(engine, colocated):
+    colocation, trainer = await colocated()
+    await colocation.to_trainer()
+    await trainer.stop()  # the trainer died while the engines were released
+    async with EngineClient(engine) as client:
+        with pytest.raises(ActorStopped):
+            await colocation.update_weights([client], version=1)
+        with pytest.raises(EngineHTTPError, match="memory is released \\(kv_cache, weights\\)"):
+            await _logprobs(client)
+
+
+async def test_an_engine_that_refuses_to_release_keeps_serving_its_weights(engine, colocated):
+    colocation, _ = await colocated()
+    async with EngineClient(engine) as client:
+        before = await _logprobs(client)
+        # A request the router does not know of (another client's) keeps the engine busy.
+        busy = asyncio.ensure_future(client.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 200,
+                                                              "ignore_eos": True}))
+        await asyncio.sleep(0.3)
+        with pytest.raises(ColocateError, match="release_memory_occupation failed .*needs an idle engine: 1 running"):
+            await colocation.to_trainer()
+        await busy
+        assert await _logprobs(client) == pytest.approx(before, abs=1e-5)
