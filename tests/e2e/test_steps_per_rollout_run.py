@@ -83,7 +83,8 @@ def test_colocated_phases_run_in_order_on_every_side(run):
     logs = run["root"] / "run" / "logs"
     supervisor = re.findall(r"actors\.loop\.colocate: colocate: (\w+)", run["stderr"])
     assert supervisor == ["offload", *SUPERVISOR_STEP * 2]  # the trainer leaves the devices before the first rollout
-    engine = re.findall(r"(?:memory|weights): (released [\w, ]+?|resumed \w+|loaded) ", (logs / "engine-0.log").read_text())
+    engine = re.findall(r"(?:memory|weights): (released weights, kv_cache|resumed \w+|loaded)",
+                        (logs / "engine-0.log").read_text())
     assert engine == ENGINE_STEP * 2
     trainer = re.findall(r"colocate: ((?:on|off)loaded [\w, ]+)", (logs / "trainer-torchrun.log").read_text())
     assert trainer == ["offloaded grads, optimizer, params", *TRAINER_STEP * 2]

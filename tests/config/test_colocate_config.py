@@ -1,0 +1,49 @@
+"""--colocate: settings that cannot time-share the devices fail at start, one line naming the flags."""
+
+import pytest
+
+from actors.loop.cli import COMMANDS
+from actors.loop.run_config import parse_run_config
+from slime_async.config.flags import ConfigError
+
+REQUIRED = ["--prompt-data", "p.jsonl", "--hf-checkpoint", "model/", "--rollout-batch-size", "2",
+            "--n-samples-per-prompt", "2", "--colocate"]
+SGLANG = ["--engine-type", "sglang", "--sglang-enable-memory-saver"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "one-step-off"])
+def test_colocate_moves_weights_by_tensor_handles(mode):
+    config = parse_run_config([*REQUIRED, "--engine-type", "cpu", "--train-mode", mode])
+    assert config.train.colocate and config.train.update_weight_transport == "tensor"
+    assert parse_run_config([*SGLANG, *REQUIRED, "--actor-num-gpus-per-node", "2",
+                             "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2"]).train.colocate
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--train-mode", "fully-async"], r"--colocate with --train-mode fully-async: .* use sync or one-step-off"),
+    (["--update-weight-transport", "distributed"], r"--colocate with --update-weight-transport distributed: .*"
+                                                   r"an NCCL group cannot span one GPU twice"),
+    (["--update-weight-transport", "delta"], r"--colocate with --update-weight-transport delta"),
+    (["--update-weights-interval", "2"], r"--colocate with --update-weights-interval 2"),
+    (["--engine-type", "external", "--rollout-external-engine-addrs", "http://h:1"],
+     r"--colocate with --engine-type external"),
+    (["--advantage-estimator", "ppo"], r"--colocate with --advantage-estimator ppo"),
+    (["--pipeline-model-parallel-size", "2"], r"--colocate with --pipeline-model-parallel-size 2"),
+    (["--engine-type", "sglang"], r"needs --sglang-enable-memory-saver"),
+    ([*SGLANG, "--rollout-num-gpus", "2"], r"the trainer's GPUs \(--actor-num-gpus-per-node × --actor-num-nodes = 1\) "
+                                           r"must be the engines' \(--rollout-num-gpus 2\)"),
+])
+def test_settings_that_cannot_time_share_fail_at_start_naming_the_flag(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_run_config([*REQUIRED, *flags])
+
+
+def test_the_tensor_transport_without_colocate_is_refused():
+    with pytest.raises(ConfigError, match="--update-weight-transport tensor needs --colocate"):
+        parse_run_config([*REQUIRED[:-1], "--update-weight-transport", "tensor"])
+
+
+def test_the_cli_prints_one_line_without_a_traceback(capsys):
+    assert COMMANDS["train"][0]([*REQUIRED, "--train-mode", "fully-async"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "--colocate" in err
