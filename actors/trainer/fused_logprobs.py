@@ -210,7 +210,7 @@ def head_weight(model: torch.nn.Module) -> torch.Tensor:
 def response_token_stats(
     hidden: torch.Tensor,
     weight: torch.Tensor,
-    positions: torch.Tensor,
+    flat_positions: torch.Tensor,
     valid: torch.Tensor,
     targets: torch.Tensor,
     *,
@@ -219,14 +219,15 @@ def response_token_stats(
     chunk_size: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs, entropy) ``[B, T]`` of the response tokens from the model's hidden states
-    ``[B, S, H]``: only the ``valid`` scoring ``positions`` ``[B, T]`` go through the head; the
-    other entries are 0 (they are loss-masked and never reported)."""
-    rows = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1)))  # [B, T, H]
+    (``[B, S, H]`` padded or ``[1, total, H]`` packed): ``flat_positions`` ``[B, T]`` index the
+    rows of ``hidden`` flattened to ``[-1, H]``. Only the ``valid`` entries go through the head;
+    the others are 0 (they are loss-masked and never reported)."""
+    rows = hidden.reshape(-1, hidden.size(-1))[flat_positions]  # [B, T, H]
     logprobs, entropy = chunked_vocab_parallel_logprobs(
         rows[valid], weight, targets[valid], hf_vocab_size=hf_vocab_size, temperature=temperature,
         chunk_size=chunk_size,
     )
-    shape = positions.shape
+    shape = flat_positions.shape
     full_lp = logprobs.new_zeros(shape).masked_scatter(valid, logprobs)
     full_ent = entropy.new_zeros(shape).masked_scatter(valid, entropy)
     return full_lp, full_ent

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,14 @@ class NonFiniteWeights(RuntimeError):
     """The model's weights hold NaN or inf: they must never reach an engine or an export."""
 
 
-def _micro_batch_tensors(batch: Batch, device: torch.device) -> dict[str, Any]:
-    """Right-padded model inputs and response-aligned ``[B, T]`` training tensors."""
-    out = response_tensors(batch, device, ("advantages", "rollout_logprobs", "ref_logprobs", "old_logprobs"))
-    # Targets are the tokens one step after each scoring position (padding points at token 1).
-    tokens = out["tokens"]
-    out["targets"] = tokens.gather(1, (out["positions"] + 1).clamp(max=tokens.size(1) - 1))
+def _micro_batch_tensors(batch: Batch, device: torch.device, pack: bool = False) -> dict[str, Any]:
+    """Model inputs (right-padded, or packed) and response-aligned ``[B, T]`` training tensors."""
+    out = response_tensors(batch, device, ("advantages", "rollout_logprobs", "ref_logprobs", "old_logprobs"),
+                           pack=pack)
+    # Targets are the tokens one step after each scoring position (padding entries point at
+    # some token; they are masked out).
+    tokens = out["tokens"].reshape(-1)
+    out["targets"] = tokens[(out["flat_positions"] + 1).clamp(max=tokens.numel() - 1)]
     return out
 
 
@@ -55,8 +58,11 @@ class TrainerOps(ColocatedRank, MegatronRank):
     HF export and weight broadcast to the engines."""
 
     def __init__(self, config: TrainerConfig):
-        self.kernels = resolve_kernels(config.attention_impl, config.logprob_impl, config.log_probs_chunk_size,
-                                       cuda=torch.cuda.is_available())
+        cuda = torch.cuda.is_available()
+        self.kernels = resolve_kernels(
+            config.attention_impl, config.logprob_impl, config.log_probs_chunk_size, cuda=cuda,
+            use_sdpa=config.use_sdpa if config.use_sdpa is not None else cuda,
+            pipeline_parallel=config.megatron.get("pipeline_model_parallel_size", 1))
         super().__init__(config, adapt_model=self._adapt_head)
         model = unwrap_model(self.ddp)
         if dist.get_rank() == 0:
@@ -82,13 +88,12 @@ class TrainerOps(ColocatedRank, MegatronRank):
         ``output``: hidden states with the chunked head, else logits."""
         if self.kernels.chunked_logprobs:
             logprobs, entropy = response_token_stats(
-                output, head_weight(unwrap_model(self.ddp)), mb["positions"], mb["valid"], mb["targets"],
+                output, head_weight(unwrap_model(self.ddp)), mb["flat_positions"], mb["valid"], mb["targets"],
                 hf_vocab_size=self.hf_vocab_size, temperature=temperature, chunk_size=self.kernels.chunk_size,
             )
             return logprobs, entropy if with_grad_entropy else entropy.detach()
-        logits = output
-        index = mb["positions"].unsqueeze(-1).expand(-1, -1, logits.size(-1))
-        picked = logits.gather(1, index)  # [B, T, V_local]: only scoring positions
+        # [B, T, V_local]: only scoring positions (of padded [B, S] or packed [1, total] logits)
+        picked = output.reshape(-1, output.size(-1))[mb["flat_positions"]]
         logprobs, entropy = vocab_parallel_logprobs(
             picked, mb["targets"], hf_vocab_size=self.hf_vocab_size, temperature=temperature
         )
@@ -97,7 +102,8 @@ class TrainerOps(ColocatedRank, MegatronRank):
         return logprobs, entropy
 
     def _run(self, micro_batches: list[Batch], loss_fn, forward_only: bool) -> list[Any]:
-        return self._schedule(micro_batches, _micro_batch_tensors, loss_fn, forward_only)
+        return self._schedule(micro_batches, partial(_micro_batch_tensors, pack=self.kernels.pack_sequences),
+                              loss_fn, forward_only)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, model: str = "actor") -> list[SampleLogprobs] | None:

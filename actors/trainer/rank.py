@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from actors.trainer.bridge import unwrap_model
@@ -47,23 +48,40 @@ def pad_rows(rows: list[list[float]] | list[list[int]], width: int, dtype: torch
     return out
 
 
-def response_tensors(batch: Batch, device: torch.device, fields: tuple[str, ...]) -> dict[str, Any]:
-    """Right-padded model inputs of one micro-batch, where each response token is scored
-    (``positions``, ``valid``), its loss mask, and the ``[B, T]`` per-token ``fields`` of the batch."""
+def response_tensors(batch: Batch, device: torch.device, fields: tuple[str, ...], pack: bool = False) -> dict[str, Any]:
+    """Model inputs of one micro-batch, where each response token is scored (``positions``,
+    ``valid``), its loss mask, and the ``[B, T]`` per-token ``fields`` of the batch.
+
+    Inputs are right-padded ``[B, S]``, or with ``pack`` the samples back to back in one row
+    ``[1, total]`` with positions restarting per sample and the ``thd`` ``packed_seq_params``
+    (no padding at all; attended in one varlen call). ``flat_positions`` ``[B, T]`` is each
+    scoring position's row in the model output flattened to ``[B * S or total, ...]``.
+    """
     seq = max(batch.lengths)
     width = max(max(batch.response_lengths), 1)
-    tokens = pad_rows(batch.tokens, seq, torch.long)
     rlen = torch.tensor(batch.response_lengths, dtype=torch.long)
     plen = torch.tensor(batch.lengths, dtype=torch.long) - rlen
     positions, valid = response_positions(plen, rlen, width)
     out: dict[str, Any] = {
-        "tokens": tokens.to(device),
-        "position_ids": torch.arange(seq, device=device).unsqueeze(0).expand(len(batch), seq),
         "positions": positions.to(device),
         "valid": valid.to(device),
         "response_lengths": batch.response_lengths,
         "loss_mask": (pad_rows(batch.loss_masks, width, torch.float) * valid).to(device),
     }
+    if pack:
+        lengths = torch.tensor(batch.lengths, dtype=torch.long)
+        starts = lengths.cumsum(0) - lengths
+        cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32).to(device)
+        out["tokens"] = torch.tensor([t for row in batch.tokens for t in row], dtype=torch.long, device=device)[None]
+        out["position_ids"] = torch.cat([torch.arange(n) for n in batch.lengths]).to(device)[None]
+        out["packed_seq_params"] = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                                   max_seqlen_q=seq, max_seqlen_kv=seq)
+        flat = torch.where(valid, starts[:, None] + positions, torch.zeros_like(positions))
+    else:
+        out["tokens"] = pad_rows(batch.tokens, seq, torch.long).to(device)
+        out["position_ids"] = torch.arange(seq, device=device).unsqueeze(0).expand(len(batch), seq)
+        flat = torch.arange(len(batch))[:, None] * seq + positions
+    out["flat_positions"] = flat.to(device)
     for name in fields:
         rows = getattr(batch, name)
         out[name] = pad_rows(rows, width, torch.float).to(device) if rows is not None else None
@@ -139,7 +157,7 @@ class MegatronRank:
 
     def _forward_step(self, loss_fn, data_iterator: Iterator[dict[str, Any]], model: torch.nn.Module):
         mb = next(data_iterator)
-        output = model(mb["tokens"], mb["position_ids"], None)
+        output = model(mb["tokens"], mb["position_ids"], None, packed_seq_params=mb.get("packed_seq_params"))
         return output, partial(loss_fn, mb)
 
     def _schedule(self, micro_batches: list[Batch], tensors: Callable[[Batch, torch.device], dict[str, Any]],

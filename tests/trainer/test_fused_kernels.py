@@ -109,7 +109,8 @@ def test_the_model_returning_hidden_states_gives_the_full_paths_logprobs_and_gra
     lp_full, ent_full = vocab_parallel_logprobs(picked, targets, hf_vocab_size=full.hf_vocab_size, temperature=0.8)
     out_hidden = hidden(tokens, positions_ids, None)
     assert out_hidden.shape == (2, 9, hidden.config.hidden_size)
-    lp, ent = response_token_stats(out_hidden, head_weight(hidden), positions, valid, targets,
+    flat = torch.arange(2)[:, None] * 9 + positions
+    lp, ent = response_token_stats(out_hidden, head_weight(hidden), flat, valid, targets,
                                    hf_vocab_size=hidden.hf_vocab_size, temperature=0.8, chunk_size=4)
     torch.testing.assert_close(lp[valid], lp_full[valid], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent[valid], ent_full[valid], atol=1e-5, rtol=1e-5)
@@ -151,11 +152,63 @@ def test_packed_attention_in_one_call_equals_the_per_sequence_loop(padded):
     q = torch.randn(total, HEADS, HEAD_DIM, generator=gen)
     k, v = (torch.randn(total, GROUPS, HEAD_DIM, generator=gen) for _ in range(2))
     loop = _attention("loop")(q, k, v, attention_mask=None, packed_seq_params=params)
-    one = _attention("varlen")(q, k, v, attention_mask=None, packed_seq_params=params)
+    one_call = _attention("varlen")
+    assert one_call._one_call(q)  # the one-call path runs, not the loop again
+    one = one_call(q, k, v, attention_mask=None, packed_seq_params=params)
     assert one.shape == loop.shape == (total, HEADS * HEAD_DIM)
     torch.testing.assert_close(one, loop, atol=1e-5, rtol=0)
     if padded:
         assert torch.all(one[-3:] == 0)
+
+
+def _trainer_ops(hf_dir, **kernels):
+    from actors.trainer.ops import TrainerOps
+
+    config = TrainerConfig(hf_checkpoint=str(hf_dir), max_tokens_per_gpu=64, use_sdpa=True,
+                           megatron={"lr": 1e-2, "clip_grad": 0.0}, **kernels).validate()
+    return TrainerOps(config)
+
+
+def _varied_batch():
+    from slime_async.batch import Batch
+
+    gen = torch.Generator().manual_seed(5)
+    lengths, responses = [9, 4, 13, 6, 11], [5, 2, 7, 1, 6]
+    return Batch(
+        tokens=[torch.randint(2, 120, (n,), generator=gen).tolist() for n in lengths],
+        response_lengths=responses,
+        loss_masks=[[1] * r for r in responses],
+        advantages=[[1.0 if i % 2 else -1.0] * r for i, r in enumerate(responses)],
+        temperature=0.9,
+    )
+
+
+def test_trainer_packed_and_chunked_equals_padded_and_full_logits_before_and_after_a_step(tiny_hf_dirs):
+    """The whole TrainerOps: packed micro-batches (one-call attention) + the chunked head vs the
+    right-padded, full-logits path, on samples of different lengths: logprobs, entropy, the
+    step's loss and grad norm, and the logprobs after the update."""
+    from policies.loss_spec import LossSpec
+
+    batch = _varied_batch()
+    spec = LossSpec(entropy_coef=0.01)
+    results = []
+    for kernels in (dict(attention_impl="loop", logprob_impl="full"),
+                    dict(attention_impl="varlen", logprob_impl="chunked", log_probs_chunk_size=4)):
+        ops = _trainer_ops(tiny_hf_dirs["qwen2"], **kernels)
+        assert ops.kernels.pack_sequences == (kernels["attention_impl"] == "varlen")
+        before = ops.compute_logprobs(batch)
+        metrics = ops.train_step(batch, spec, batch.normalizer(spec.loss_agg))
+        after = ops.compute_logprobs(batch)
+        results.append((before, metrics, after))
+    (before_a, metrics_a, after_a), (before_b, metrics_b, after_b) = results
+    for rows_a, rows_b in ((before_a, before_b), (after_a, after_b)):
+        for a, b in zip(rows_a, rows_b):
+            torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(torch.tensor(b.entropy), torch.tensor(a.entropy), atol=1e-4, rtol=1e-4)
+    assert metrics_a["num_micro_batches"] > 1  # the budget splits the batch: several packed rows
+    for key in ("loss", "grad_norm"):
+        assert metrics_b[key] == pytest.approx(metrics_a[key], rel=1e-4, abs=1e-6), key
+    assert not torch.allclose(torch.tensor(after_a[0].logprobs), torch.tensor(before_a[0].logprobs))
 
 
 def test_auto_keeps_the_loop_without_a_flash_kernel_and_the_choice_is_described():
@@ -167,6 +220,11 @@ def test_auto_keeps_the_loop_without_a_flash_kernel_and_the_choice_is_described(
     assert resolve_kernels("auto", "auto", -1, cuda=True).chunked_logprobs
     assert resolve_kernels("loop", "chunked", 256, cuda=False).chunk_size == 256
     assert not resolve_kernels("auto", "full", -1, cuda=True).chunked_logprobs
+    # Packing needs SDPA and one pipeline stage; auto packs with CUDA only.
+    assert resolve_kernels("auto", "auto", -1, cuda=True, use_sdpa=True).pack_sequences
+    assert not resolve_kernels("auto", "auto", -1, cuda=False, use_sdpa=True).pack_sequences
+    assert not resolve_kernels("varlen", "auto", -1, cuda=True, use_sdpa=True, pipeline_parallel=2).pack_sequences
+    assert not resolve_kernels("varlen", "auto", -1, cuda=False, use_sdpa=False).pack_sequences
 
 
 @pytest.mark.parametrize("field, value, flag", [("logprob_impl", "fast", "--logprob-impl"),

@@ -79,7 +79,8 @@ def model_head(hf_dir: str) -> bool:
     logits = full(tokens, position_ids, None)
     picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
     lp_full, ent_full = vocab_parallel_logprobs(picked, targets, hf_vocab_size=full.hf_vocab_size)
-    lp, ent = response_token_stats(hidden_model(tokens, position_ids, None), head_weight(hidden_model), positions,
+    flat = torch.arange(2)[:, None] * 9 + positions
+    lp, ent = response_token_stats(hidden_model(tokens, position_ids, None), head_weight(hidden_model), flat,
                                    valid, targets, hf_vocab_size=hidden_model.hf_vocab_size, temperature=1.0,
                                    chunk_size=3)
     ((lp_full * valid).sum() + 0.1 * (ent_full * valid).sum()).backward()
