@@ -11,7 +11,7 @@ another sample's prompt and a reward for each.
 The solver's first turn is sampled at ``solver_temperature`` (1.0) even in evaluation, so it is
 noisy and the critic has something to catch; the critic and the revision use the run's sampling
 (greedy in evaluation). Per-sample metrics: ``first_correct``, ``critic_no`` (the critic said
-"no"), ``final_correct``, ``changed`` (the revision differs from the first answer).
+"no"), ``final_correct``, ``changed`` (the revision differs from the first answer), ``turns``.
 
 Plain-text prompts end each turn at a newline; chat prompts (lists of messages, for a tokenizer
 with a chat template) end each turn at the model's EOS and get the role prompts as user turns
@@ -80,7 +80,8 @@ async def generate(ctx, sample, sampling_params):
     label = str(sample.label)
     sample.metadata["final_answer"] = final
     sample.metadata["metrics"] = {"first_correct": float(first == label), "critic_no": float(verdict == "no"),
-                                  "final_correct": float(final == label), "changed": float(final != first)}
+                                  "final_correct": float(final == label), "changed": float(final != first),
+                                  "turns": float(len(turns))}  # the agent examples' common column
     sample.status = sample.Status.COMPLETED
     return sample
 
