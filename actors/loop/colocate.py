@@ -33,7 +33,9 @@ from slime_async.engine_client import EngineClient
 
 log = logging.getLogger(__name__)
 
-ALL_MEMORY = ["weights", "kv_cache"]
+# SGLang's GPU_MEMORY_ALL_TYPES: the weights come back first (for the update), the rest after it.
+ALL_MEMORY = ["weights", "kv_cache", "cuda_graph"]
+AFTER_UPDATE = ["kv_cache", "cuda_graph"]
 
 
 class ColocateError(RuntimeError):
@@ -46,6 +48,9 @@ class Colocation:
     router: ActorRef
     api_key: str | None = None
     timeout: float | None = 300.0
+    # SGLang refuses a release until its scheduler is idle, and requests the router aborted may
+    # still be finishing there: the release is retried this long before the run gives up.
+    release_retry_s: float = 15.0
     _released: bool = field(default=False, init=False)  # the engines' memory is released
     _metrics: dict[str, float] = field(default_factory=dict, init=False)
     phases: list[str] = field(default_factory=list, init=False)  # every phase run, in order (tests read it)
@@ -63,8 +68,7 @@ class Colocation:
             return await self._release([EngineClient(url, session=session, api_key=self.api_key) for url in urls])
 
     async def _release(self, clients: Sequence[EngineClient]) -> dict[str, float]:
-        release = await self._phase("release_memory", self._on_engines(
-            clients, "release_memory_occupation", [c.release_memory_occupation(ALL_MEMORY, timeout=self.timeout) for c in clients]))
+        release = await self._phase("release_memory", self._release_all(clients))
         self._released = True
         engine_memory = await _engine_memory(clients[0]) if clients else {}
         onload = await self._phase("onload", self.trainer.ask("onload", timeout=self.timeout))
@@ -90,7 +94,7 @@ class Colocation:
         offload += await self._phase("offload", self.trainer.ask("offload", ["params"], timeout=self.timeout))
         if self._released:
             await self._phase("resume_kv_cache", self._on_engines(
-                clients, "resume_memory_occupation", [c.resume_memory_occupation(["kv_cache"], timeout=self.timeout) for c in clients]))
+                clients, "resume_memory_occupation", [c.resume_memory_occupation(AFTER_UPDATE, timeout=self.timeout) for c in clients]))
             self._released = False
         engine_memory = await _engine_memory(clients[0]) if clients else {}
         self._metrics = {"perf/offload_time": offload, "perf/weight_update_time": update,
@@ -111,6 +115,20 @@ class Colocation:
         finally:
             await self.trainer.ask("end_tensor_export", timeout=self.timeout)
             await self.trainer.ask("offload", ["optimizer", "grads", "params"], timeout=self.timeout)
+
+    async def _release_all(self, clients: Sequence[EngineClient]) -> None:
+        deadline, pending = time.monotonic() + self.release_retry_s, list(clients)
+        while True:
+            results = await asyncio.gather(*(c.release_memory_occupation(ALL_MEMORY, timeout=self.timeout)
+                                             for c in pending), return_exceptions=True)
+            failed = [(c, r) for c, r in zip(pending, results) if isinstance(r, BaseException)]
+            if not failed or time.monotonic() >= deadline:
+                break
+            pending = [c for c, _ in failed]
+            await asyncio.sleep(0.5)
+        if failed:
+            raise ColocateError("--colocate: release_memory_occupation failed on engine(s) "
+                                + "; ".join(f"{c.url}: {r}" for c, r in failed))
 
     def metrics(self) -> dict[str, float]:
         """The last update's offload / weight update seconds and memory peaks."""

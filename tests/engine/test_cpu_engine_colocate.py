@@ -179,7 +179,7 @@ async def colocated(engine, tiny_model_dir):
     async def make(bad: int | None = None) -> tuple[Colocation, ActorRef]:
         trainer = await spawn(_Trainer(_weights(tiny_model_dir, seed=9), bad=bad))
         made.append(trainer)
-        return Colocation(trainer, router, timeout=60.0), trainer
+        return Colocation(trainer, router, timeout=60.0, release_retry_s=0.0), trainer
 
     yield make
     for ref in [*made, router]:
@@ -193,7 +193,7 @@ async def test_a_bucket_the_engine_refuses_fails_the_update_and_the_engine_serve
         with pytest.raises(ColocateError, match=rf"update_weights_from_tensor \(bucket 2\) failed on engine\(s\) "
                                                 rf"{engine}: .*shape mismatch"):
             await colocation.update_weights([client], version=1)
-        with pytest.raises(EngineHTTPError, match="memory is released \\(kv_cache\\)"):
+        with pytest.raises(EngineHTTPError, match="memory is released \\(cuda_graph, kv_cache\\)"):
             await _logprobs(client)  # and with the KV cache resumed: weights incomplete (the test above)
 
 
@@ -205,7 +205,7 @@ async def test_an_engine_that_refuses_to_resume_fails_the_update_before_any_weig
         with pytest.raises(ColocateError, match="resume_memory_occupation failed on engine.*memory not released"):
             await colocation.update_weights([client], version=1)
         assert trainer.actor.sent == 0
-        with pytest.raises(EngineHTTPError, match="memory is released \\(kv_cache\\)"):
+        with pytest.raises(EngineHTTPError, match="memory is released \\(cuda_graph, kv_cache\\)"):
             await _logprobs(client)
 
 
@@ -216,7 +216,7 @@ async def test_a_trainer_gone_after_the_release_leaves_the_engine_refusing_with_
     async with EngineClient(engine) as client:
         with pytest.raises(ActorStopped):
             await colocation.update_weights([client], version=1)
-        with pytest.raises(EngineHTTPError, match="memory is released \\(kv_cache, weights\\)"):
+        with pytest.raises(EngineHTTPError, match="memory is released \\(cuda_graph, kv_cache, weights\\)"):
             await _logprobs(client)
 
 
