@@ -19,8 +19,9 @@
 #           pause->resume per tensor vs flattened buckets over the kept group, and the raw NCCL
 #           broadcast bandwidth GPU 1 -> GPU 0 in the same run (weight_sync.py).
 #   phase "kernels" (carry .gpu-wheels/b2 .gpu-wheels/b3; one GPU or two): trainer tokens/s and
-#           MFU with the full-logits vs the chunked logprob head, and packed attention per
-#           sequence vs one varlen call, for the 0.5B and 1.5B shapes (trainer_throughput.py).
+#           MFU, old path (padded, full logits) vs new (packed varlen, chunked head), and packed
+#           attention per sequence vs one varlen call, for the 0.5B and 1.5B shapes, plus the
+#           0.5B shape on a long-tail batch (10% at 2048 tokens, the rest 128) with two GPUs.
 # Results land in $OUT; benchmarks/gpu/results/ keeps the copies.
 set -uo pipefail
 source benchmarks/gpu/common.sh
@@ -115,14 +116,17 @@ kernels)  # carry .gpu-wheels/b2 .gpu-wheels/b3: bash benchmarks/gpu/h200.sh ker
   python3 -c "import torch, inspect; from torch.nn.attention.varlen import varlen_attn as v; \
 print('torch', torch.__version__, 'varlen_attn', inspect.signature(v))" 2>&1 | tail -1
   GPUS=$(nvidia-smi -L | wc -l)
-  LIMIT=${KERNELS_S:-$([ "$GPUS" -gt 1 ] && echo 540 || echo 280)}  # one GPU runs the shapes in turn
-  for shape in qwen2.5-0.5b qwen2.5-1.5b; do
-    gpu=$([ "$shape" = qwen2.5-1.5b ] && [ "$GPUS" -gt 1 ] && echo 1 || echo 0)
-    CUDA_VISIBLE_DEVICES=$gpu timeout $LIMIT python3 benchmarks/gpu/trainer_throughput.py --shape $shape \
-      --seq-lens ${SEQ_LENS:-2048} > "$OUT/trainer_kernels_$shape.txt" 2>&1 &
-    [ "$GPUS" -gt 1 ] || wait
-  done
-  wait
+  # One GPU runs the shapes in turn (the long-tail run only with two GPUs): each call <= 600 s.
+  LIMIT=${KERNELS_S:-$([ "$GPUS" -gt 1 ] && echo 270 || echo 280)}
+  tput() { CUDA_VISIBLE_DEVICES=$1 timeout $LIMIT python3 benchmarks/gpu/trainer_throughput.py --shape $2 \
+    --seq-lens ${SEQ_LENS:-2048} "${@:4}" > "$OUT/trainer_kernels_$3.txt" 2>&1; }
+  if [ "$GPUS" -gt 1 ]; then
+    { tput 0 qwen2.5-0.5b 0.5b; tput 0 qwen2.5-0.5b 0.5b_longtail --long-tail 0.1 --attention-tokens 0; } &
+    tput 1 qwen2.5-1.5b 1.5b &
+    wait
+  else
+    tput 0 qwen2.5-0.5b 0.5b; tput 0 qwen2.5-1.5b 1.5b
+  fi
   for f in "$OUT"/trainer_kernels_*.txt; do echo "== $f"; grep -v -i -E "warn|^\s*$|tp_group|return module" "$f" | tail -24; done
   ;;
 esac

@@ -1,10 +1,13 @@
 """Megatron trainer speed on one GPU: train-step and logprob tokens/s and MFU, with SDPA attention,
-for the full-logits and the chunked logprob head (``--logprob-impls``), and packed attention
-per sequence vs in one varlen call.
+for the old path (right-padded micro-batches, full logits) and the new one (packed micro-batches
+in one varlen attention call, chunked logprob head): ``--variants``; and packed attention per
+sequence vs in one varlen call.
 
     python benchmarks/gpu/trainer_throughput.py --shape qwen2.5-0.5b --seq-lens 1024 2048 4096
     torchrun --nproc-per-node 2 benchmarks/gpu/trainer_throughput.py --shape qwen2.5-1.5b --tp 2
-    python benchmarks/gpu/trainer_throughput.py --shape tiny --seq-lens 64 --tokens-per-step 256  # CPU check
+    python benchmarks/gpu/trainer_throughput.py --shape qwen2.5-0.5b --seq-lens 2048 --long-tail 0.1
+    python benchmarks/gpu/trainer_throughput.py --shape tiny --seq-lens 64 --tokens-per-step 256 \
+        --long-tail 0.25 --short-len 16 --sdpa --attention-tokens 1024  # CPU check
 
 Runs one trainer rank in this process (`TrainerOps`, the object the torchrun worker serves over
 RPC, so no RPC time is counted: benchmarks/trainer_overhead.py measures that separately) on a
@@ -15,8 +18,8 @@ micro-batches of ``--max-tokens-per-gpu``; half of each sequence is response (sc
 MFU = achieved FLOP/s per GPU / peak, with FLOPs per token = 6 N (N = matmul parameters incl. the LM
 head) + 6 L s d (causal attention, forward + backward); logprob passes are forward only (a third).
 Peaks: 989 TFLOP/s (H200/H100 SXM dense bf16, datasheet) and the 8192^3 bf16 matmul rate
-measured in the same run. Each logprob head is a fresh TrainerOps on the same weights; the
-largest logprob difference between the heads is printed (a GPU parity check). The attention
+measured in the same run. Each variant is a fresh TrainerOps on the same weights; the largest
+logprob difference between two variants is printed (a GPU parity check, after the same steps). The attention
 table times one layer's core attention (forward + backward) over packed sequences of mixed
 lengths, ``--attention-impl loop`` vs ``varlen``, at the shape's heads.
 """
@@ -130,19 +133,39 @@ def attention_table(config_hf, tokens: int, steps: int) -> None:
     print(f"  max |varlen - loop| = {(outputs['varlen'] - outputs['loop']).abs().max().item():.2e}")
 
 
+def step_batch(args, seq: int, vocab: int):
+    """``--tokens-per-step`` tokens of samples of length ``seq``, or with ``--long-tail`` a mix of
+    ``seq`` and ``--short-len`` samples (half of each is response), as in the RL long-tail workload."""
+    from benchmarks.trainer_overhead import make_batch
+    from slime_async.batch import Batch
+
+    if not args.long_tail:
+        return make_batch(max(1, args.tokens_per_step // seq), seq, vocab)
+    lengths, total = [], 0
+    while total < args.tokens_per_step:
+        n = seq if len(lengths) % round(1 / args.long_tail) == 0 else args.short_len
+        lengths.append(n)
+        total += n
+    g = torch.Generator().manual_seed(0)
+    return Batch(
+        tokens=[torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths],
+        response_lengths=[n // 2 for n in lengths],
+        loss_masks=[[1] * (n // 2) for n in lengths],
+        advantages=[[1.0 if i % 2 else -1.0] * (n // 2) for i, n in enumerate(lengths)],
+        temperature=1.0,
+    )
+
+
 def throughput_table(ops, args, config_hf, spec, peak: float) -> dict[int, list[list[float]]]:
     """Rows of the table for one TrainerOps; returns each seq len's logprobs (the parity check)."""
-    from benchmarks.trainer_overhead import make_batch
-
     logprobs = {}
     header = (f"| {'seq len':>7} | {'train tok/s':>11} | {'MFU':>6} | {'MFU meas.':>9} | {'logprob tok/s':>13} "
               f"| {'MFU':>6} | {'peak mem GiB':>12} |")
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for seq in args.seq_lens:
-        samples = max(1, args.tokens_per_step // seq)
-        batch = make_batch(samples, seq, config_hf.vocab_size)
-        tokens = samples * seq
+        batch = step_batch(args, seq, config_hf.vocab_size)
+        tokens = sum(batch.lengths)
         normalizer = batch.normalizer(spec.loss_agg)
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
@@ -150,8 +173,8 @@ def throughput_table(ops, args, config_hf, spec, peak: float) -> dict[int, list[
         logprob_s = timed(lambda: ops.compute_logprobs(batch), 1, args.steps)
         rows = ops.compute_logprobs(batch)
         logprobs[seq] = [r.logprobs for r in rows] if rows else []
-        # FLOPs per GPU: a TP group shares one batch.
-        flops = train_flops_per_token(config_hf, seq) * tokens / int(os.environ["WORLD_SIZE"])
+        # FLOPs per GPU: a TP group shares one batch. Attention FLOPs follow each sample's length.
+        flops = sum(train_flops_per_token(config_hf, n) * n for n in batch.lengths) / int(os.environ["WORLD_SIZE"])
         train_tps, logprob_tps = tokens / train_s, tokens / logprob_s
         mem = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
         print(f"| {seq:>7} | {train_tps:>11.0f} | {flops / train_s / DATASHEET_PEAK:>6.1%} "
@@ -168,7 +191,14 @@ def main() -> None:
     parser.add_argument("--tokens-per-step", type=int, default=32768)
     parser.add_argument("--max-tokens-per-gpu", type=int, default=8192)
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (run under torchrun with as many ranks)")
-    parser.add_argument("--logprob-impls", nargs="+", default=["full", "chunked"], choices=["full", "chunked"])
+    parser.add_argument("--variants", nargs="+", default=["full/loop", "chunked/varlen"],
+                        help="HEAD/ATTENTION pairs (--logprob-impl / --attention-impl): full/loop is the old path "
+                        "(right-padded micro-batches, full logits), chunked/varlen the new one (packed, chunked head)")
+    parser.add_argument("--long-tail", type=float, default=0.0,
+                        help="fraction of samples at the full seq len, the rest at --short-len (0: all full length)")
+    parser.add_argument("--short-len", type=int, default=128)
+    parser.add_argument("--sdpa", action="store_true", help="SDPA attention on CPU too (GPU uses it anyway), so "
+                        "a CPU check packs the micro-batches")
     parser.add_argument("--log-probs-chunk-size", type=int, default=-1)
     parser.add_argument("--attention-tokens", type=int, default=8192,
                         help="tokens of the packed-attention table (0: skip it)")
@@ -190,9 +220,11 @@ def main() -> None:
         print(f"bf16 matmul peak measured here: {peak / 1e12:.0f} TFLOP/s; datasheet {DATASHEET_PEAK / 1e12:.0f}")
         spec = LossSpec()
         logprobs = {}
-        for impl in args.logprob_impls:
+        for variant in args.variants:
+            head, attention_impl = variant.split("/")
             config = TrainerConfig(hf_checkpoint=str(model_dir), max_tokens_per_gpu=args.max_tokens_per_gpu,
-                                   logprob_impl=impl, log_probs_chunk_size=args.log_probs_chunk_size,
+                                   logprob_impl=head, attention_impl=attention_impl,
+                                   log_probs_chunk_size=args.log_probs_chunk_size, use_sdpa=True if args.sdpa else None,
                                    megatron={"lr": 1e-6, "clip_grad": 1.0,
                                              "tensor_model_parallel_size": args.tp}).validate()
             ops = TrainerOps(config)
@@ -201,19 +233,18 @@ def main() -> None:
             attention = "SDPA" if config.use_sdpa or (config.use_sdpa is None and torch.cuda.is_available()) else "unfused"
             print(f"\n{args.shape}: {params / 1e9:.3f} B parameters on this rank, {precision}, {attention} attention, "
                   f"{args.tokens_per_step} tokens per step in micro-batches of <= {args.max_tokens_per_gpu}; "
-                  f"logprob head: {ops.kernels.describe(ops.model_config.params_dtype, attention == 'SDPA')}")
-            # Train last: compute_logprobs of every head must see the same (untrained) weights.
-            logprobs[impl] = throughput_table(ops, args, config_hf, spec, peak)
+                  f"variant {variant}: {ops.kernels.describe(ops.model_config.params_dtype, attention == 'SDPA')}")
+            logprobs[variant] = throughput_table(ops, args, config_hf, spec, peak)
             del ops
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         if len(logprobs) == 2 and int(os.environ["RANK"]) == 0:
             # Each table trained its own copy from the same weights, so compare the first seq len's
-            # logprobs, taken after the same number of identical steps: a head mismatch shows here.
+            # logprobs, taken after the same number of identical steps: a path mismatch shows here.
             seq = args.seq_lens[0]
-            a, b = (torch.tensor(logprobs[impl][seq]) for impl in args.logprob_impls)
-            print(f"\nlogprobs at seq len {seq}, {' vs '.join(args.logprob_impls)}: max |diff| = "
+            a, b = (torch.tensor([x for row in logprobs[v][seq] for x in row]) for v in args.variants)
+            print(f"\nlogprobs at seq len {seq}, {' vs '.join(args.variants)}: max |diff| = "
                   f"{(a - b).abs().max().item():.3e}, mean |diff| = {(a - b).abs().mean().item():.3e}")
         if args.attention_tokens:
             print()
