@@ -118,14 +118,14 @@ print('torch', torch.__version__, 'varlen_attn', inspect.signature(v))" 2>&1 | t
   GPUS=$(nvidia-smi -L | wc -l)
   # One GPU runs the shapes in turn (the long-tail run only with two GPUs): each call <= 600 s.
   LIMIT=${KERNELS_S:-$([ "$GPUS" -gt 1 ] && echo 270 || echo 280)}
-  tput() { CUDA_VISIBLE_DEVICES=$1 timeout $LIMIT python3 benchmarks/gpu/trainer_throughput.py --shape $2 \
+  kernels_run() { CUDA_VISIBLE_DEVICES=$1 timeout $LIMIT python3 benchmarks/gpu/trainer_throughput.py --shape $2 \
     --seq-lens ${SEQ_LENS:-2048} "${@:4}" > "$OUT/trainer_kernels_$3.txt" 2>&1; }
   if [ "$GPUS" -gt 1 ]; then
-    { tput 0 qwen2.5-0.5b 0.5b; tput 0 qwen2.5-0.5b 0.5b_longtail --long-tail 0.1 --attention-tokens 0; } &
-    tput 1 qwen2.5-1.5b 1.5b &
+    { kernels_run 0 qwen2.5-0.5b 0.5b; kernels_run 0 qwen2.5-0.5b 0.5b_longtail --long-tail 0.1 --attention-tokens 0; } &
+    kernels_run 1 qwen2.5-1.5b 1.5b &
     wait
   else
-    tput 0 qwen2.5-0.5b 0.5b; tput 0 qwen2.5-1.5b 1.5b
+    kernels_run 0 qwen2.5-0.5b 0.5b; kernels_run 0 qwen2.5-1.5b 1.5b
   fi
   for f in "$OUT"/trainer_kernels_*.txt; do echo "== $f"; grep -v -i -E "warn|^\s*$|tp_group|return module" "$f" | tail -24; done
   ;;
