@@ -132,9 +132,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
             if grad_logprobs is not None:
                 g = grad_logprobs[a:b]
                 grad_s -= p * g[:, None]
-                # The target's one-hot term lives on the rank holding the target's vocab row.
-                rows = torch.nonzero(is_local[a:b]).squeeze(1)
-                grad_s[rows, index[a:b][rows]] += g[rows]
+                # The target's one-hot term lives on the rank holding the target's vocab row
+                # (a scatter, not a boolean index: no host sync per chunk).
+                grad_s.scatter_add_(1, index[a:b, None], torch.where(is_local[a:b], g, torch.zeros_like(g))[:, None])
             if grad_entropy is not None:
                 term = p * (logp + entropy[a:b, None])
                 if tp.pad_from < tp.vocab_local:
