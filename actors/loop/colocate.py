@@ -103,6 +103,16 @@ class Colocation:
                          **{f"memory/engine_serving_{k}": v for k, v in engine_memory.items()}}
         return buckets
 
+    async def on_device(self, work: Awaitable[Any]) -> Any:
+        """Trainer work that needs its whole state on the device between steps (a checkpoint): onload,
+        run it, offload. The engines keep their memory meanwhile: the GPU holds both for that time."""
+        await self._phase("onload", self.trainer.ask("onload", timeout=self.timeout))
+        try:
+            return await work
+        finally:
+            await self._phase("offload", self.trainer.ask("offload", ["optimizer", "grads", "params"],
+                                                          timeout=self.timeout))
+
     async def rejoin(self, client: EngineClient, version: int) -> None:
         """An engine restarted between steps serves other weights: the trainer's params come back to
         the device for the export and leave again. During a step (memory released) the step's own

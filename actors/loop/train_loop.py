@@ -120,14 +120,19 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
             if h.eval_dataset is not None and config.rollout.eval_interval and step % config.rollout.eval_interval == 0:
                 evaluated_at = _start_evaluation(evaluations, h, step)
             if h.checkpointer is not None and h.checkpointer.due(step):
-                await h.checkpointer.save(step, version)
+                await _on_device(h, h.checkpointer.save(step, version))
         if h.eval_dataset is not None and evaluated_at != step:
             _start_evaluation(evaluations, h, step)
     # Leaving the task group awaited every evaluation still running.
     if h.checkpointer is not None and h.checkpointer.enabled:
-        await h.checkpointer.save(step, version)
+        await _on_device(h, h.checkpointer.save(step, version))
     await h.monitor.ask("flush")
     return 0
+
+
+async def _on_device(h: Handles, work):
+    """Colocated, the trainer's state is in host memory between steps: a checkpoint brings it back first."""
+    return await (h.colocation.on_device(work) if h.colocation is not None else work)
 
 
 async def _no_update() -> dict[str, float]:

@@ -225,9 +225,10 @@ async def test_an_engine_that_refuses_to_release_keeps_serving_its_weights(engin
     async with EngineClient(engine) as client:
         before = await _logprobs(client)
         # A request the router does not know of (another client's) keeps the engine busy.
-        busy = asyncio.ensure_future(client.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 200,
+        busy = asyncio.ensure_future(client.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 96,
                                                               "ignore_eos": True}))
-        await asyncio.sleep(0.3)
+        while not (await client.get_loads())["aggregate"]["total_running_reqs"]:
+            await asyncio.sleep(0.01)
         with pytest.raises(ColocateError, match="release_memory_occupation failed .*needs an idle engine: 1 running"):
             await colocation.to_trainer()
         await busy
