@@ -52,6 +52,7 @@ def run(tmp_path_factory):
         "--rollout-max-response-len", "256", "--rollout-concurrency", "1", "--custom-rm-path", "e2e_reward:rm",
         "--custom-generate-function-path", "e2e_reward:long_generate",
         "--engine-type", "cpu", "--micro-batch-size", "4", "--lr", "1e-4", "--use-tis",
+        "--trace-dir", str(root / "trace"),
     ], import_dirs=(root,))
     return {**result, "model": model, "root": root}
 
@@ -118,8 +119,13 @@ def test_debug_train_only_replays_the_dumped_rollouts_without_engines(run):
 
 
 @pytest.fixture(scope="module")
-def sync_broadcast_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e-sync")
+def sync_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("e2e-sync")
+
+
+@pytest.fixture(scope="module")
+def sync_broadcast_run(sync_root):
+    root = sync_root
     model = build_tiny_model(root / "model", arch="llama", seed=1)
     data = root / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "label": str(a + 1)}) + "\n" for a in range(16)))
@@ -132,7 +138,7 @@ def sync_broadcast_run(tmp_path_factory):
         "--rollout-max-response-len", "16", "--rm-type", "exact", "--engine-type", "cpu",
         "--rollout-num-engines", "2",  # one weight-update group of three ranks: trainer, engine, engine
         "--use-kl-loss", "--kl-loss-coef", "0.01",  # needs the reference model's logprobs every step
-        "--micro-batch-size", "4", "--lr", "1e-3", "--no-progress-bar",
+        "--micro-batch-size", "4", "--lr", "1e-3", "--no-progress-bar", "--trace-dir", str(root / "trace"),
     ]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=root)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -161,3 +167,68 @@ def test_broadcast_weights_make_the_engine_serve_exactly_the_trainers_policy(syn
     served = [v for k, v in steps[-1].items() if k.startswith("router/") and k.endswith("/requests") and k != "router/requests"]
     assert len(served) == 2 and min(served) > 0  # both engines generated
     assert all(m["perf/weight_sync_time"] > 0 for m in steps)
+
+
+# ----- the --trace-dir timeline (both runs above write one) -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sync_trace(sync_broadcast_run, sync_root):
+    return sync_root / "trace" / "trace.json"
+
+
+def timeline(path):
+    """The trace's spans as (process, thread, event), after checking every event is well-formed."""
+    events = json.loads(path.read_text())["traceEvents"]  # valid JSON, the Chrome object format
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert spans and all(e["ts"] >= 0 and e["dur"] >= 0 for e in spans)
+    return [(processes[e["pid"]], threads[(e["pid"], e["tid"])], e) for e in spans]
+
+
+def named(spans, name, process=None):
+    return [e for p, _, e in spans if e["name"].startswith(name) and (process is None or p.startswith(process))]
+
+
+def test_the_trace_has_a_span_per_generation_per_engine_reward_trainer_op_and_buffer_wait(sync_broadcast_run, sync_trace):
+    spans = timeline(sync_trace)
+    engines = {p for p, _, e in spans if e["name"] == "generate"}
+    assert len(engines) == 2 and all(p.startswith("engine 127.0.0.1:") for p in engines)
+    requests = sum(m["router/requests"] for m in train_steps(sync_broadcast_run)[-1:])
+    assert len(named(spans, "generate")) >= requests  # every request the router had sent by the last step
+    assert all({"group", "sample", "completion_tokens", "version"} <= e["args"].keys() for e in named(spans, "generate"))
+    assert len(named(spans, "reward")) >= 3 * 2 * 2  # 3 steps x 2 groups x 2 samples, at least
+    assert len(named(spans, "train_step", "trainer")) == 3
+    assert len(named(spans, "logprobs (ref)", "trainer")) == 3  # the KL loss's reference, every step
+    assert [e["name"] for e in named(spans, "step ", "train loop")] == ["step 1", "step 2", "step 3"]
+    assert named(spans, "wait for data", "buffer") and named(spans, "wait for admission", "buffer")
+
+
+def test_each_weight_sync_in_the_trace_holds_its_pause_transfer_and_resume(sync_trace):
+    spans = timeline(sync_trace)
+    syncs = sorted(named(spans, "weight sync v", "weight sync"), key=lambda e: e["ts"])
+    assert [e["args"]["version"] for e in syncs] == [1, 2, 3]
+    phases = [e for p, _, e in spans if p == "weight sync" and not e["name"].startswith("weight sync v")]
+    for sync in syncs:
+        inside = sorted((e for e in phases if sync["ts"] <= e["ts"] and e["ts"] + e["dur"] <= sync["ts"] + sync["dur"]),
+                        key=lambda e: e["ts"])
+        assert [e["name"] for e in inside] == ["pause", "transfer (distributed)", "resume"]
+        assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(inside, inside[1:]))  # one after another
+
+
+def test_the_fully_async_trace_shows_generation_overlapping_training_and_resumed_requests(run):
+    spans = timeline(run["root"] / "trace" / "trace.json")
+    generations, steps = named(spans, "generate"), named(spans, "train_step", "trainer")
+    assert len(steps) == 5
+    assert any(g["ts"] < s["ts"] + s["dur"] and s["ts"] < g["ts"] + g["dur"] for g in generations for s in steps)
+    assert any(e["args"]["finish"] == "abort" for e in generations)  # a weight update aborted it ...
+    assert any(e["args"]["resumed"] for e in generations)  # ... and it went on from its tokens
+    assert {e["name"] for e in named(spans, "transfer")} == {"transfer (disk)"}
+
+
+def test_the_renderer_draws_the_trace(sync_trace, tmp_path):
+    from benchmarks.render_trace import main
+
+    assert main([str(sync_trace), "-o", str(tmp_path / "timeline.png")]) == 0
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
