@@ -145,7 +145,9 @@ class SDPAttention(MegatronModule):
     def _varlen_forward(self, query: Tensor, key: Tensor, value: Tensor, cu_q: Tensor, cu_kv: Tensor,
                         causal: bool) -> Tensor:
         """Every packed sequence in one call: [t, h, d] -> [t, h * d]; rows past the last sequence are 0."""
-        bounds_q, bounds_kv = cu_q.tolist(), cu_kv.tolist()
+        # One host read of the boundaries (the kernels take the longest length as an int).
+        bounds_q = cu_q.tolist()
+        bounds_kv = bounds_q if cu_kv is cu_q else cu_kv.tolist()
         max_q = max((b - a for a, b in zip(bounds_q, bounds_q[1:])), default=0)
         max_kv = max((b - a for a, b in zip(bounds_kv, bounds_kv[1:])), default=0)
         end_q, end_kv = bounds_q[-1], bounds_kv[-1]

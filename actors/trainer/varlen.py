@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Literal
 
 import torch
@@ -110,6 +111,7 @@ def _segment_ids(cu: Tensor, total: int) -> Tensor:
         if total else torch.zeros(0, dtype=torch.long, device=cu.device)
 
 
+@lru_cache(maxsize=1)  # what is installed does not change within a process; asked per layer call
 def flash_varlen() -> tuple[str, VarlenFn] | None:
     """(name, fn) of the first installed flash varlen kernel, or None."""
     for name, make in (("torch.nn.attention.varlen.varlen_attn", _torch_varlen),
