@@ -1,6 +1,10 @@
 """--colocate: settings that cannot time-share the devices fail at start, one line naming the flags."""
 
+from dataclasses import replace
+
 import pytest
+
+from actors.trainer.config import TrainerConfig
 
 from actors.loop.cli import COMMANDS
 from actors.loop.run_config import parse_run_config
@@ -28,7 +32,6 @@ def test_colocate_moves_weights_by_tensor_handles(mode):
     (["--engine-type", "external", "--rollout-external-engine-addrs", "http://h:1"],
      r"--colocate with --engine-type external"),
     (["--advantage-estimator", "ppo"], r"--colocate with --advantage-estimator ppo"),
-    (["--pipeline-model-parallel-size", "2"], r"--colocate with --pipeline-model-parallel-size 2"),
     (["--engine-type", "sglang"], r"needs --sglang-enable-memory-saver"),
     ([*SGLANG, "--rollout-num-gpus", "2"], r"the trainer's GPUs \(--actor-num-gpus-per-node × --actor-num-nodes = 1\) "
                                            r"must be the engines' \(--rollout-num-gpus 2\)"),
@@ -36,6 +39,14 @@ def test_colocate_moves_weights_by_tensor_handles(mode):
 def test_settings_that_cannot_time_share_fail_at_start_naming_the_flag(flags, message):
     with pytest.raises(ConfigError, match=message):
         parse_run_config([*REQUIRED, *flags])
+
+
+def test_pipeline_stages_are_refused_they_lack_the_full_weights():
+    # The rule itself, without parsing the Megatron flags (their generation costs seconds of imports).
+    config = replace(parse_run_config([*REQUIRED, "--engine-type", "cpu"]),
+                     trainer=TrainerConfig(hf_checkpoint="model/", megatron={"pipeline_model_parallel_size": 2}))
+    with pytest.raises(ValueError, match="--colocate with --pipeline-model-parallel-size 2"):
+        config.validate()
 
 
 def test_the_tensor_transport_without_colocate_is_refused():
