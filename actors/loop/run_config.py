@@ -78,10 +78,10 @@ class RunConfig:
                              "the full weights of the trainer rank on their device, which a pipeline stage lacks")
         import torch  # here, not at the top: `slime-async train --help` imports this module and not torch
 
-        if engine.engine_type == "sglang" and not engine.sglang.get("enable_memory_saver"):
-            raise ValueError("--colocate with SGLang engines needs --sglang-enable-memory-saver: without it "
-                             "/release_memory_occupation frees nothing")
         if engine.engine_type == "sglang" or (engine.engine_type == "auto" and torch.cuda.is_available()):
+            if not engine.sglang.get("enable_memory_saver"):
+                raise ValueError("--colocate with SGLang engines needs --sglang-enable-memory-saver: without it "
+                                 "/release_memory_occupation frees nothing")
             trainer_gpus = trainer.actor_num_gpus_per_node * trainer.actor_num_nodes
             if trainer_gpus != engine.rollout_num_gpus:
                 raise ValueError(f"--colocate: the trainer's GPUs (--actor-num-gpus-per-node × --actor-num-nodes = "
