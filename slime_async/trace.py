@@ -151,11 +151,11 @@ class TraceRecorder:
         return pool
 
     # ----- spans ----------------------------------------------------------------------------------
-    def record(self, name: str, lane: Lane | LanePool, start: float, end: float | None = None, *,
+    def record(self, name: str, lane: Lane | LanePool, start: float, end: float | None = None, /, *,
                cat: str = "", min_seconds: float = 0.0, **args: Any) -> None:
         """A span from ``start`` to ``end`` (trace-clock seconds; None: now) with ``args``
         (JSON-able values) shown when it is selected; skipped when shorter than ``min_seconds``
-        (a wait that did not wait)."""
+        (a wait that did not wait). The first four are positional-only, so any other name may be an arg."""
         if self.path is None:
             return
         end = self.clock() if end is None else end
@@ -179,7 +179,7 @@ class TraceRecorder:
         if end >= self._next_flush:
             self.flush()
 
-    def span(self, name: str, lane: Lane | LanePool, *, cat: str = "", **args: Any) -> Span:
+    def span(self, name: str, lane: Lane | LanePool, /, *, cat: str = "", **args: Any) -> Span:
         """Time a ``with`` (or ``async with``) block as a span; the block may add to the args it
         gets. A block that raises is recorded too, with the exception's type in ``args["error"]``."""
         return Span(self, name, lane, cat, args)

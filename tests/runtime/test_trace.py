@@ -98,3 +98,13 @@ def test_a_recorder_without_a_path_writes_nothing(tmp_path):
         pass
     trace.close()
     assert not trace.enabled and list(tmp_path.iterdir()) == []
+
+
+def test_args_may_take_any_name_but_the_options(tmp_path):
+    # A hook's trace_args reach record() as keywords: "name" or "start" must not clash.
+    clock = Clock()
+    trace = TraceRecorder(tmp_path / "trace.json", clock=clock)
+    trace.record("generate", trace.lane("engine a", "request"), 100.0, 101.0, name="tool", start=3)
+    trace.close()
+    [span] = spans(tmp_path / "trace.json")
+    assert span["name"] == "generate" and span["args"] == {"name": "tool", "start": 3}
