@@ -42,8 +42,8 @@ COLORS = (
 )
 OTHER = "#969696"
 LEGEND = (("generate", "generation request"), ("generate resumed", "resumed request"), ("reward", "reward"),
-          ("wait", "buffer wait"), ("logprobs", "logprobs (π_old)"), ("logprobs (ref)", "logprobs (π_ref)"),
-          ("train_step", "train step"), ("pause", "sync: pause"), ("transfer", "sync: transfer"),
+          ("wait", "buffer wait"), ("step", "train-loop step"), ("logprobs", "logprobs (π_old)"),
+          ("logprobs (ref)", "logprobs (π_ref)"), ("train_step", "train step"), ("pause", "sync: pause"), ("transfer", "sync: transfer"),
           ("resume", "sync: resume"), ("export_hf", "trainer: export / broadcast"),
           ("init_weight_group", "trainer: weight group"))
 MAX_SUBROWS_HEIGHT = 3.0  # a pool of many lanes (an engine's requests) takes at most this many row heights
