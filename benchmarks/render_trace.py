@@ -43,7 +43,8 @@ COLORS = (
 OTHER = "#969696"
 LEGEND = (("generate", "generation request"), ("generate resumed", "resumed request"), ("reward", "reward"),
           ("wait", "buffer wait"), ("step", "train-loop step"), ("logprobs", "logprobs (π_old)"),
-          ("logprobs (ref)", "logprobs (π_ref)"), ("train_step", "train step"), ("pause", "sync: pause"), ("transfer", "sync: transfer"),
+          ("logprobs (ref)", "logprobs (π_ref)"), ("train_step", "train step"), ("pause", "sync: pause"),
+          ("transfer", "sync: transfer"),
           ("resume", "sync: resume"), ("export_hf", "trainer: export / broadcast"),
           ("init_weight_group", "trainer: weight group"))
 MAX_SUBROWS_HEIGHT = 3.0  # a pool of many lanes (an engine's requests) takes at most this many row heights
@@ -93,7 +94,8 @@ def load(path: Path) -> tuple[list[Process], dict[str, Any]]:
             start = float(event["ts"]) / 1e6
             owner = process(pid)
             owner.threads.setdefault(tid, f"thread {tid}")
-            owner.spans[tid].append(Span(str(event.get("name", "")), start, start + float(event.get("dur", 0)) / 1e6, args))
+            end = start + float(event.get("dur", 0)) / 1e6
+            owner.spans[tid].append(Span(str(event.get("name", "")), start, end, args))
     ordered = sorted((p for p in processes.values() if p.spans), key=lambda p: (p.order, p.pid))
     return ordered, (data.get("otherData") or {}) if isinstance(data, dict) else {}
 
@@ -125,7 +127,9 @@ def busy_fraction(spans: list[Span], start: float, end: float) -> float:
 
 
 def contains_others(span: Span, spans: list[Span]) -> bool:
-    return any(o is not span and span.start <= o.start and o.end <= span.end and (o.end - o.start) < (span.end - span.start)
+    """Whether shorter spans of the same lane lie inside ``span`` (it is drawn as their outline)."""
+    length = span.end - span.start
+    return any(o is not span and span.start <= o.start and o.end <= span.end and o.end - o.start < length
                for o in spans)
 
 
@@ -179,7 +183,8 @@ def render(processes: list[Process], other: dict[str, Any], out: Path, *, title:
                             fontsize=7, clip_on=True)
         spans = [s for tid in tids for s in p.spans[tid]]
         busy = busy_fraction(spans, lo, hi)
-        label = p.name if len({pool_name(p.threads[t]) for t in p.spans}) == 1 else f"{p.name}: {pool_name(p.threads[tids[0]])}"
+        lane_name = pool_name(p.threads[tids[0]])
+        label = p.name if len({pool_name(p.threads[t]) for t in p.spans}) == 1 else f"{p.name}: {lane_name}"
         if len(tids) > 1:
             label += f" (≤{len(tids)} at once)"
         labels.append((top + height / 2, f"{label}\nbusy {busy:.0%}"))
@@ -192,8 +197,8 @@ def render(processes: list[Process], other: dict[str, Any], out: Path, *, title:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     if title is None:
-        parts = [f"{k.replace('_', ' ')} {v}" for k, v in other.items()
-                 if k in ("train_mode", "max_staleness", "update_weight_transport", "weight_update_mode") and v is not None]
+        shown = ("train_mode", "max_staleness", "update_weight_transport", "weight_update_mode")
+        parts = [f"{k.replace('_', ' ')} {v}" for k, v in other.items() if k in shown and v is not None]
         title = "timeline: " + ", ".join(parts) if parts else "timeline"
     if other.get("dropped_events"):
         title += f"  ({other['dropped_events']} spans dropped at the cap)"

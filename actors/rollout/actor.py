@@ -198,7 +198,8 @@ class RolloutActor(Actor):
             waited = self.ctx.trace.now()
             await self.buffer.ask("reserve", timeout=None)
             # Admission: the staleness bound (or capacity) holds this group back.
-            self.ctx.trace.record("wait for admission", self._admission_waits, waited, cat="buffer_wait", min_seconds=MIN_WAIT)
+            self.ctx.trace.record("wait for admission", self._admission_waits, waited, cat="buffer_wait",
+                                  min_seconds=MIN_WAIT)
             await self._group_slots.acquire()
             prompt, attempts = self._next_prompt()
             while prompt is None and self._in_flight_prompts:
