@@ -34,6 +34,7 @@ COLORS = (
     ("pause", "#807dba"),
     ("transfer", "#54278f"),
     ("resume", "#bcbddc"),
+    ("rejoin", "#9e9ac8"),
     ("export_hf", "#6a51a3"),
     ("broadcast_weights", "#6a51a3"),
     ("init_weight_group", "#9e9ac8"),

@@ -154,6 +154,7 @@ class WeightSync:
             return rejoined
 
     async def _rejoin(self, url: str, version: int) -> str:
+        started = self.trace.now()
         await self.router.ask("pause", "abort", urls=[url], timeout=self.timeout)
         try:
             async with aiohttp.ClientSession() as session:
@@ -181,6 +182,8 @@ class WeightSync:
         finally:
             states = await self.router.ask("resume", str(version), urls=[url], timeout=self.timeout)
         state = states.get(url, "unknown")
+        self.trace.record(f"rejoin v{version}", self.trace.lane("weight sync", "sync"), started, cat="weight_sync",
+                          engine=url, version=version, transport=self.transport, state=state)
         if state == "up":
             self._rejoins += 1
             log.warning("engine %s rejoined with other weights: loaded the current weights (v%d) into it", url, version)
