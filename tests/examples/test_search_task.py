@@ -75,6 +75,17 @@ def test_grade_is_exact_match_of_the_last_answer(response, label, expected):
     assert task.grade(response, label) == expected
 
 
+@pytest.mark.parametrize("response, found, expected", [
+    ("<answer> Zeta</answer>", True, 1.0),  # the right answer is worth 1 whatever was retrieved
+    ("<answer> Sava</answer>", True, 0.25),  # wrong answer after the right second search: the credit
+    ("<answer> Sava</answer>", False, 0.0),
+    ("", True, 0.25),  # no answer at all, but the evidence was found
+])
+def test_a_wrong_answer_earns_the_evidence_credit_only_when_the_evidence_was_retrieved(response, found, expected):
+    assert task.grade(response, "Zeta", evidence_found=found, evidence_credit=0.25) == expected
+    assert task.grade(response, "Zeta", evidence_found=found) == (1.0 if expected == 1.0 else 0.0)  # default: none
+
+
 def test_a_search_query_counts_only_when_the_turn_ends_with_the_call():
     assert task.last_search_query("<search> person 12</search>") == "person 12"
     assert task.last_search_query("<search> a</search> and more") is None
@@ -104,6 +115,24 @@ def test_prepare_writes_consistent_files(tmp_path):
     assert all(row["label"][-1]["text"] == f"<answer> {t['label']}</answer>" for row, t in zip(sft, train))
     assert [s["train"] for s in sft[0]["label"]] == [True, False, True, False, True]
     assert "corpus" in (out / "settings.yaml").read_text()
+    assert "evidence_credit: 0.25" in (out / "settings.yaml").read_text()
+    # every RL row names the passage that holds its answer (the partial credit's evidence)
+    corpus = {json.loads(line)["text"] for line in (out / "corpus.jsonl").read_text().splitlines()}
+    for row in train + heldout:
+        evidence = row["metadata"]["evidence"]
+        assert evidence in corpus and evidence.endswith(f" is {row['label']}.")
+        assert evidence.startswith("The country of" if "country" in row["prompt"] else "The river of")
+    assert all("metadata" not in row for row in sft)
+
+
+def test_prepare_refuses_an_evidence_credit_worth_as_much_as_the_answer(tmp_path, capsys):
+    from examples.agentic.search import prepare
+
+    with pytest.raises(SystemExit) as exit_info:
+        prepare.main(["--out", str(tmp_path / "d"), "--evidence-credit", "1"])
+    assert exit_info.value.code == 2 and not (tmp_path / "d").exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "--evidence-credit must be in [0, 1): the right answer must stay worth the most")
 
 
 def test_prepare_writes_chat_messages_for_a_tokenizer_with_a_chat_template(tmp_path):

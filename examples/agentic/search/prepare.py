@@ -38,10 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout-people", type=int, default=64, help="people whose two questions are held out")
     parser.add_argument("--top-k", type=int, default=1, help="passages per search")
     parser.add_argument("--max-turns", type=int, default=4, help="model turns per sample")
+    parser.add_argument("--evidence-credit", type=float, default=0.25,
+                        help="training reward of a wrong answer whose searches retrieved the answer's passage")
     parser.add_argument("--chat-tokenizer", type=Path, help="write prompts as chat messages for this tokenizer")
     args = parser.parse_args(argv)
     if args.top_k < 1 or args.max_turns < 3:
         parser.error("--top-k must be >= 1 and --max-turns >= 3 (two searches and an answer)")
+    if not 0.0 <= args.evidence_credit < 1.0:
+        parser.error("--evidence-credit must be in [0, 1): the right answer must stay worth the most")
     if args.chat_tokenizer is not None:
         load_chat_tokenizer(args.chat_tokenizer)
     chat = args.chat_tokenizer is not None
@@ -62,8 +66,13 @@ def main(argv: list[str] | None = None) -> int:
                        ("sft.jsonl", [(q, [{"text": t, "train": m} for t, m in traces[q]]) for q in train])):
         with open(out / name, "w") as handle:
             for question, label in rows:
-                handle.write(json.dumps({"prompt": prompt_of(question, chat), "label": label}) + "\n")
-    settings = {"corpus": str((out / "corpus.jsonl").resolve()), "top_k": args.top_k, "max_turns": args.max_turns}
+                row = {"prompt": prompt_of(question, chat), "label": label}
+                if name != "sft.jsonl":  # the passage that holds the answer: the hook's partial credit and metric
+                    row["metadata"] = {"evidence": task.city_passage(world, world.people[question.person],
+                                                                     question.relation)}
+                handle.write(json.dumps(row) + "\n")
+    settings = {"corpus": str((out / "corpus.jsonl").resolve()), "top_k": args.top_k, "max_turns": args.max_turns,
+                "evidence_credit": args.evidence_credit}
     (out / "settings.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in settings.items()))
     lines = passages + [prompt_of(q, False) + "".join(t for t, _ in traces[q]) for q in train]
     (out / "tokenizer_corpus.txt").write_text("\n".join(lines) + "\n")

@@ -158,7 +158,13 @@ def normalize(text: str) -> str:
     return " ".join(text.lower().strip().strip(".").split())
 
 
-def grade(response: str, label: str) -> float:
-    """1.0 when the final answer equals the label (case and surrounding space ignored), else 0.0."""
+def grade(response: str, label: str, *, evidence_found: bool = False, evidence_credit: float = 0.0) -> float:
+    """1.0 when the final answer equals the label (case and surrounding space ignored); else
+    ``evidence_credit`` when a search retrieved the passage that holds the answer (the second hop
+    was right), else 0.0. The partial credit is what makes the second hop learnable by RL: a right
+    city in the second query is rare after the warm start, and rarer still followed by the right
+    answer, so an all-or-nothing reward left most groups without a difference to learn from."""
     answer = extract_answer(response)
-    return float(answer is not None and normalize(answer) == normalize(label))
+    if answer is not None and normalize(answer) == normalize(label):
+        return 1.0
+    return evidence_credit if evidence_found else 0.0
