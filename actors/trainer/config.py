@@ -101,9 +101,11 @@ class TrainerConfig:
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "actor_num_procs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name, allowed in (("attention_impl", ("auto", "loop", "varlen")), ("logprob_impl", ("auto", "full", "chunked"))):
+        for name, allowed in (("attention_impl", ("auto", "loop", "varlen")),
+                              ("logprob_impl", ("auto", "full", "chunked"))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+                raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, "
+                                 f"got {getattr(self, name)!r}")
         if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
             raise ValueError(f"--log-probs-chunk-size must be > 0 or -1, got {self.log_probs_chunk_size}")
         if self.train_step_delay < 0:

@@ -114,3 +114,17 @@ def run_torchrun(script: str, nproc: int, *args: str, timeout: float = 120) -> s
 @pytest.fixture
 def torchrun() -> Callable[..., subprocess.CompletedProcess]:
     return run_torchrun
+
+
+@pytest.fixture(scope="session")
+def tp2_smoke(tiny_hf_dirs, tmp_path_factory) -> dict:
+    """One 2-rank torchrun of train_step_smoke.py: 3 Adam steps at TP=1 (two DP ranks) and at TP=2
+    on the qwen3 model, then the fused-kernel checks at TP=2 on qwen2 (tied, padded vocab)."""
+    import json
+
+    out = tmp_path_factory.mktemp("tp2_smoke") / "smoke.json"
+    run_torchrun(
+        "train_step_smoke.py", 2, f"--hf-dir={tiny_hf_dirs['qwen3']}", "--tp=1", "--tp=2", "--steps=3",
+        f"--out={out}", f"--kernel-checks-hf-dir={tiny_hf_dirs['qwen2']}", timeout=280,
+    )
+    return json.loads(out.read_text())

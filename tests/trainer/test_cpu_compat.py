@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -10,7 +9,6 @@ import torch
 
 from actors.trainer import cpu_compat
 from actors.trainer.cpu_compat import CpuFallback, apply_cpu_compat, check_patch_targets
-from conftest import run_torchrun
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU fallbacks apply only without CUDA")
 
@@ -56,13 +54,8 @@ def test_patched_default_causal_mask_is_built_on_cpu():
 
 
 @pytest.mark.timeout(300)
-def test_ddp_megatron_adam_and_forward_backward_func_train_on_cpu_under_gloo(tiny_hf_dirs, tmp_path):
-    out = tmp_path / "smoke.json"
-    run_torchrun(
-        "train_step_smoke.py", 2, f"--hf-dir={tiny_hf_dirs['qwen3']}", "--tp=1", "--tp=2",
-        "--steps=3", f"--out={out}", timeout=280,
-    )
-    results = json.loads(out.read_text())
+def test_ddp_megatron_adam_and_forward_backward_func_train_on_cpu_under_gloo(tp2_smoke):
+    results = tp2_smoke
     for tp in ("tp1", "tp2"):  # tp1 = two data-parallel ranks; tp2 = one tensor-parallel pair
         run = results[tp]
         assert run["updated"] and run["params_changed"], run

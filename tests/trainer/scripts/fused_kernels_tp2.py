@@ -1,6 +1,8 @@
-"""torchrun script (2 ranks, gloo, TP=2): the chunked logprob head and one-call packed attention
-equal the paths they replace when the vocab and the attention heads are split over TP ranks.
+"""The chunked logprob head and one-call packed attention equal the paths they replace when the
+vocab and the attention heads are split over TP=2 ranks (gloo).
 
+``run_checks`` runs inside a torchrun of 2 ranks (train_step_smoke.py calls it after its own runs,
+so the suite pays for one launch); alone: ``torchrun --nproc-per-node 2 fused_kernels_tp2.py``.
 Rank 0 writes {"chunked_head": bool, "model_head": bool, "attention_heads_split": bool}.
 """
 
@@ -113,22 +115,27 @@ def attention_heads_split() -> bool:
     return a.shape == (18, 32) and close(a, b)
 
 
+def run_checks(hf_dir: str) -> dict[str, bool] | None:
+    """Every check at TP=2, agreed over both ranks: the verdicts on rank 0, None elsewhere."""
+    init_model_parallel(tensor_parallel_size=2)
+    apply_cpu_compat()
+    rank = dist.get_rank()
+    checks = {"chunked_head": chunked_head(rank), "model_head": model_head(hf_dir),
+              "attention_heads_split": attention_heads_split()}
+    verdicts = [None, None]
+    dist.all_gather_object(verdicts, checks)
+    parallel_state.destroy_model_parallel()
+    return {key: all(v[key] for v in verdicts) for key in checks} if rank == 0 else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hf-dir", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    init_model_parallel(tensor_parallel_size=2)
-    apply_cpu_compat()
-    rank = dist.get_rank()
-    checks = {"chunked_head": chunked_head(rank), "model_head": model_head(args.hf_dir),
-              "attention_heads_split": attention_heads_split()}
-    # Every rank must pass: gather the verdicts on rank 0.
-    verdicts = [None, None]
-    dist.all_gather_object(verdicts, checks)
-    if rank == 0:
-        merged = {key: all(v[key] for v in verdicts) for key in checks}
+    merged = run_checks(args.hf_dir)
+    if merged is not None:
         with open(args.out, "w") as f:
             json.dump(merged, f)
     dist.destroy_process_group()

@@ -4,6 +4,8 @@ For each TP size in --tp (re-initialising Megatron's groups on the same gloo wor
 HF checkpoint, then runs --steps training steps on one fixed batch. Rank 0 writes
 {"tp1": {"losses": [...], "grad_norms": [...], "updated": bool, "params_changed": bool}, ...}.
 This is the minimal shape of the worker's train_step, kept here as an executable example.
+With --kernel-checks-hf-dir it then runs fused_kernels_tp2.py's TP=2 checks in the same
+launch (results under "kernels"): one torchrun start fewer for the suite.
 """
 
 import argparse
@@ -86,8 +88,13 @@ def main() -> None:
     parser.add_argument("--tp", type=int, action="append", required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--kernel-checks-hf-dir", help="also run fused_kernels_tp2.run_checks on this model")
     args = parser.parse_args()
     results = {f"tp{tp}": train(args.hf_dir, tp, args.steps) for tp in args.tp}
+    if args.kernel_checks_hf_dir:
+        from fused_kernels_tp2 import run_checks  # this script's directory is on sys.path
+
+        results["kernels"] = run_checks(args.kernel_checks_hf_dir)
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(results, f)
