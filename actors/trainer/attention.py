@@ -155,6 +155,8 @@ class SDPAttention(MegatronModule):
         if kernel is not None:
             fn = kernel[1]
             cu_q, cu_kv = cu_q.to(torch.int32), cu_kv.to(torch.int32)
+            # Flash kernels want dense [t, h, d] rows; q/k/v are views into the fused QKV output.
+            query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         else:
             fn = masked_varlen
         out = fn(query[:end_q], key[:end_kv], value[:end_kv], cu_q, cu_kv, max_q, max_kv, self.softmax_scale,
