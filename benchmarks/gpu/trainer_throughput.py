@@ -156,6 +156,19 @@ def step_batch(args, seq: int, vocab: int):
     )
 
 
+def profile_step(ops, batch, spec) -> None:
+    """torch.profiler's top 25 ops of one train step (where the time goes: the MFU gap)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    normalizer = batch.normalizer(spec.loss_agg)
+    with profile(activities=activities) as prof:
+        ops.train_step(batch, spec, normalizer)
+        sync()
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=25), flush=True)
+
+
 def throughput_table(ops, args, config_hf, spec, peak: float) -> dict[int, list[list[float]]]:
     """Rows of the table for one TrainerOps; returns each seq len's logprobs (the parity check)."""
     logprobs = {}
@@ -202,6 +215,8 @@ def main() -> None:
     parser.add_argument("--log-probs-chunk-size", type=int, default=-1)
     parser.add_argument("--attention-tokens", type=int, default=8192,
                         help="tokens of the packed-attention table (0: skip it)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each variant's table, print torch.profiler's top ops of one train step")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
@@ -235,6 +250,8 @@ def main() -> None:
                   f"{args.tokens_per_step} tokens per step in micro-batches of <= {args.max_tokens_per_gpu}; "
                   f"variant {variant}: {ops.kernels.describe(ops.model_config.params_dtype, attention == 'SDPA')}")
             logprobs[variant] = throughput_table(ops, args, config_hf, spec, peak)
+            if args.profile:
+                profile_step(ops, step_batch(args, args.seq_lens[0], config_hf.vocab_size), spec)
             del ops
             gc.collect()
             if torch.cuda.is_available():
