@@ -122,7 +122,11 @@ def test_retrieved_passages_are_observations_and_the_reward_is_the_exact_match(s
         model_text = "".join(tokenizer.decode(response[a:b]) for a, b in spans(mask, 1))
         assert "<information>" not in model_text
         assert all(sample["rollout_logprobs"][k] == 0.0 for k, m in enumerate(mask) if m == 0)
-        assert sample["reward"] == task.grade(sample["response"], sample["label"])
+        # a training sample whose search retrieved its answer's passage earns prepare.py's credit
+        found = any(sample["metadata"]["evidence"] in o for o in observations)
+        assert sample["metadata"]["metrics"]["evidence"] == int(found)
+        assert sample["reward"] == task.grade(sample["response"], sample["label"], evidence_found=found,
+                                              evidence_credit=0.25)
     assert any(s["reward"] == 1.0 for s in search_run["samples"])
 
 
