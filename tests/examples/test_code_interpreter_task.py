@@ -119,7 +119,8 @@ def test_openai_episode_segments_rebuild_the_whole_rendered_episode_split_at_the
     whole = tokenizer.apply_chat_template(messages, tools=openai_agent.TOOLS, tokenize=False)
     assert whole == prompt + "".join(s["text"] for s in segments) + "\n"
     assert prompt.endswith("<|im_start|>user\nWhat is 136-88-577?<|im_end|>\n<|im_start|>assistant\n")
-    assert segments[0] == {"text": '<tool_call>\n{"name": "run_python", "arguments": {"code": "print(136-88-577)"}}'
+    # The space before the expression is the one before it in the question (an induction copy).
+    assert segments[0] == {"text": '<tool_call>\n{"name": "run_python", "arguments": {"code": "print( 136-88-577)"}}'
                                    '\n</tool_call><|im_end|>', "train": True}
     assert segments[1] == {"text": "\n<|im_start|>user\n<tool_response>\n-529\n</tool_response><|im_end|>\n"
                                    "<|im_start|>assistant\n", "train": False}

@@ -94,9 +94,16 @@ async def reward(ctx: Any, sample: Any) -> float:
 
 
 def conversation(problem: task.Problem) -> list[dict[str, Any]]:
-    """The episode an ideal agent has for ``problem``, as chat messages (for the SFT traces)."""
+    """The episode an ideal agent has for ``problem``, as chat messages (for the SFT traces).
+
+    The code is ``print( 347*29+812)``: the space before the expression is the token that precedes
+    it in the question (``What is 347*29+812?``), so writing its first digit is an induction copy
+    (the token that followed the same token before). After the 150-step warm start (sft.toml)
+    32 of 32 held-out calls were exact; with ``print(347*29+812)`` none of 8 were (near-constant
+    expressions such as ``733-53+533``): the tool call's JSON puts ~25 tokens between the
+    question and the code."""
     call = {"id": "call_0", "type": "function",
-            "function": {"name": "run_python", "arguments": json.dumps({"code": f"print({problem.expression})"})}}
+            "function": {"name": "run_python", "arguments": json.dumps({"code": f"print( {problem.expression})"})}}
     return [{"role": "user", "content": problem.question},
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "call_0", "content": str(problem.answer)},
