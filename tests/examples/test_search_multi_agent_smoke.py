@@ -147,6 +147,7 @@ def test_one_sample_holds_solver_critic_and_revision_with_the_role_prompts_untra
     assert [m["train/version"] for m in steps] == [1.0, 2.0]
     logged = [m for m in multi_agent_run["metrics"] if "rollout/reward_mean" in m]
     assert logged and all("rollout/final_correct" in m and "rollout/critic_no" in m for m in logged)
+    assert all(m["rollout/turns"] == 3.0 for m in logged)
     for sample in multi_agent_run["samples"]:
         response = sample["tokens"][len(sample["tokens"]) - sample["response_length"]:]
         observations = [tokenizer.decode(response[a:b]) for a, b in spans(sample["loss_mask"], 0)]
