@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -113,7 +114,8 @@ def train_argv(args: argparse.Namespace, run: str, run_dir: Path) -> list[str]:
             "--custom-generate-function-path", f"benchmarks.gpu.longtail:{HOOKS[args.workload]}",
             "--rm-type", "exact", "--engine-type", "external", "--rollout-external-engine-addrs", args.url,
             "--update-weight-transport", "distributed", "--use-tis", "--lr", "1e-6",
-            "--rollout-seed", "7", "--seed", "7", "--no-progress-bar", *args.extra]
+            "--rollout-seed", "7", "--seed", "7", "--no-progress-bar", "--trace-dir", str(run_dir / "trace"),
+            *args.extra]
     if k is not None:
         argv += ["--max-staleness", str(k)]
     if args.tiny:
@@ -139,6 +141,12 @@ def run_one(args: argparse.Namespace, run: str) -> dict[str, Any]:
                               stderr=subprocess.STDOUT).returncode
     if code != 0:
         raise SystemExit(f"{run} failed (exit {code}); log {log}:\n" + "".join(log.read_text().splitlines(True)[-30:]))
+    # The timeline (issue #17 item 5): people should see the overlap, or its absence. The trace
+    # comes back with the results; where matplotlib is missing it is rendered after.
+    if importlib.util.find_spec("matplotlib") is not None:
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "render_trace.py"), str(run_dir / "trace" / "trace.json"),
+                        "-o", str(Path(args.out) / f"trace_{args.workload}_{run}.png"),
+                        "--title", f"{args.workload}: {run}"], cwd=REPO, check=False)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     result = summarize([r for r in rows if "perf/step_time" in r], args.warmup)
     result["wall_s"] = time.monotonic() - started

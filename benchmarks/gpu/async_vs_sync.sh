@@ -13,6 +13,8 @@
 #            (comma-separated: sync, one-step-off, async-k1, async-k2, async-k4, async-k2-pause,
 #            async-k2-in_place), one `slime-async train` each, ~2-3 min per run on longtail
 #   table    prints both workloads' tables from what the runs left in /tmp/avs/out
+# Every run writes a --trace-dir timeline (runs/WORKLOAD/RUN/trace/trace.json), rendered as
+# trace_WORKLOAD_RUN.png where matplotlib is installed, else here with benchmarks/render_trace.py.
 # Every call copies /tmp/avs/out (the JSON of every phase so far) to $OUT/avs, so the table can
 # also be built here: python benchmarks/gpu/async_vs_sync.py --phase table --workload W --out DIR
 set -uo pipefail
