@@ -98,7 +98,7 @@ def conversation(problem: task.Problem) -> list[dict[str, Any]]:
 
     The code is ``print( 347*29+812)``: the space before the expression is the token that precedes
     it in the question (``What is 347*29+812?``), so writing its first digit is an induction copy
-    (the token that followed the same token before). After the 150-step warm start (sft.toml)
+    (the token that followed the same token before). After a 150-step warm start (hidden 64)
     32 of 32 held-out calls were exact; with ``print(347*29+812)`` none of 8 were (near-constant
     expressions such as ``733-53+533``): the tool call's JSON puts ~25 tokens between the
     question and the code."""
