@@ -20,7 +20,9 @@ Overhead and safety: a span is serialised once, when it ends, and appended to a 
 at most ``max_events`` are kept, the rest are counted (``otherData.dropped_events``). The whole
 file is rewritten atomically (a temporary file, then ``os.replace``) at most every
 ``flush_interval`` seconds — and never more often than keeps writing under 1% of the time — so a
-run that crashes leaves the last complete file; ``close`` writes the final one.
+run that crashes leaves the last complete file; ``close`` writes the final one. A periodic write
+that fails (disk full, directory gone) is logged once and recording goes on: the trace must never
+end the run; only ``close`` raises, so the run's end says the file is missing or stale.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class TraceRecorder:
         self._lanes: dict[tuple[int, str], Lane] = {}
         self._pools: dict[tuple[str, str], LanePool] = {}
         self._next_flush = self.origin + flush_interval
+        self.write_errors = 0  # periodic writes that failed (logged once)
 
     @classmethod
     def off(cls) -> TraceRecorder:
@@ -177,7 +180,7 @@ class TraceRecorder:
                 event["args"] = args
             self._events.append(json.dumps(event, default=str))
         if end >= self._next_flush:
-            self.flush()
+            self._periodic_flush()
 
     def span(self, name: str, lane: Lane | LanePool, /, *, cat: str = "", **args: Any) -> Span:
         """Time a ``with`` (or ``async with``) block as a span; the block may add to the args it
@@ -204,8 +207,20 @@ class TraceRecorder:
         self._next_flush = self.clock() + max(self.flush_interval, took / _WRITE_SHARE)
 
     def close(self) -> None:
-        """Write the final file."""
+        """Write the final file (raises OSError when it cannot be written)."""
         self.flush()
+
+    def _periodic_flush(self) -> None:
+        # Called from record(), i.e. inside the router's and the loop's own code paths: an OSError
+        # here would end the run for the sake of a timeline.
+        try:
+            self.flush()
+        except OSError as error:
+            if not self.write_errors:
+                log.warning("trace: cannot write %s (%s); recording goes on, the next writes are retried "
+                            "and close() raises if the last one fails", self.path, error)
+            self.write_errors += 1
+            self._next_flush = self.clock() + self.flush_interval
 
     # ----- internals ------------------------------------------------------------------------------
     def _process(self, process: str, order: int | None) -> int:

@@ -108,3 +108,21 @@ def test_args_may_take_any_name_but_the_options(tmp_path):
     trace.close()
     [span] = spans(tmp_path / "trace.json")
     assert span["name"] == "generate" and span["args"] == {"name": "tool", "start": 3}
+
+
+def test_an_unwritable_trace_path_mid_run_warns_once_recording_goes_on_and_close_raises(tmp_path, caplog):
+    clock = Clock()
+    blocker = tmp_path / "gone"
+    trace = TraceRecorder(blocker / "trace.json", flush_interval=1.0, clock=clock)
+    lane = trace.lane("buffer", "trainer waits for data")
+    blocker.write_text("a file where the trace directory should be")  # every write now raises OSError
+    for step in range(3):
+        clock.t += 2.0
+        trace.record("wait for data", lane, clock.t - 1.0, clock.t)
+    assert trace.write_errors == 3 and len(trace._events) == 3
+    assert [r.levelname for r in caplog.records if "cannot write" in r.message] == ["WARNING"]
+    with pytest.raises(OSError):
+        trace.close()
+    blocker.unlink()  # the disk is back: the final file holds every span
+    trace.close()
+    assert len(spans(blocker / "trace.json")) == 3
