@@ -20,6 +20,9 @@ _IGNORED_WARNINGS = (
     "You are using a Backend .* as a ProcessGroup",  # torch.distributed's gloo deprecation, per collective
 )
 _QUIET_LOGGERS = ("math_verify",)  # "Timeout is disabled as parsing_timeout is None", per parse
+# HTTP clients an agent hook uses in this process (the openai client is built on httpx, in openai 3
+# on httpx2): "HTTP Request: POST .../chat/completions 200" at INFO, once per turn of every episode.
+_CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "openai")
 
 
 def quiet_python_warnings() -> None:
@@ -28,6 +31,8 @@ def quiet_python_warnings() -> None:
         warnings.filterwarnings("ignore", message=message)
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    for name in _CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @contextmanager
