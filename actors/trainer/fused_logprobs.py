@@ -74,6 +74,14 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, tp:
     return logits
 
 
+def _entropy_term(p: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor, tp: _TPContext) -> torch.Tensor:
+    """d entropy / d logits of one chunk ``[chunk, V_local]``, up to the incoming gradient."""
+    term = p * (logp + entropy[:, None])
+    if tp.pad_from < tp.vocab_local:
+        term[:, tp.pad_from:] = 0.0  # 0 · -inf there: no probability, no gradient
+    return term
+
+
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, hf_vocab_size: int,
@@ -109,7 +117,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
             entropy[a:b] = lz - weighted / sum_exp
         ctx.save_for_backward(hidden, weight, targets, log_z, entropy)
         ctx.hf_vocab_size, ctx.temperature, ctx.chunk = hf_vocab_size, temperature, chunk
-        ctx.mark_non_differentiable(log_z)
+        # An output the loss does not use reaches backward as None, not as zeros: the [chunk x V]
+        # entropy term is then skipped (autograd would otherwise hand in materialised zeros).
+        ctx.set_materialize_grads(False)
         return logprobs, entropy if with_entropy else entropy.zero_()
 
     @staticmethod
@@ -136,10 +146,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 # (a scatter, not a boolean index: no host sync per chunk).
                 grad_s.scatter_add_(1, index[a:b, None], torch.where(is_local[a:b], g, torch.zeros_like(g))[:, None])
             if grad_entropy is not None:
-                term = p * (logp + entropy[a:b, None])
-                if tp.pad_from < tp.vocab_local:
-                    term[:, tp.pad_from:] = 0.0  # 0 · -inf there: no probability, no gradient
-                grad_s -= term * grad_entropy[a:b, None]
+                grad_s -= _entropy_term(p, logp, entropy[a:b], tp) * grad_entropy[a:b, None]
             del p, logp
             if ctx.temperature != 1.0:
                 grad_s = grad_s / ctx.temperature

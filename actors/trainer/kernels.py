@@ -39,15 +39,19 @@ class TrainerKernels:
 
 
 def resolve_kernels(attention_impl: AttentionImpl, logprob_impl: LogprobImpl, log_probs_chunk_size: int,
-                    cuda: bool, use_sdpa: bool = False, pipeline_parallel: int = 1) -> TrainerKernels:
+                    cuda: bool, use_sdpa: bool = False, pipeline_parallel: int = 1,
+                    flash: bool = False) -> TrainerKernels:
     """The kernels of a rank on a machine with (``cuda``) or without CUDA.
 
     Packing needs SDPA core attention (megatron-core's unfused one takes no ``thd`` input) and
     one pipeline stage (the stages' send/receive shapes assume ``[S, B]`` micro-batches).
+    ``auto`` packs only where ``flash`` (``varlen.flash_runs`` of the params dtype): without a
+    flash kernel the attention of a packed batch falls back to the per-sequence loop, which
+    reads the boundaries from the device once per layer.
     """
     chunked = logprob_impl == "chunked" or (logprob_impl == "auto" and cuda)
     pack = (use_sdpa and pipeline_parallel == 1
-            and (attention_impl == "varlen" or (attention_impl == "auto" and cuda)))
+            and (attention_impl == "varlen" or (attention_impl == "auto" and cuda and flash)))
     return TrainerKernels(attention=attention_impl, chunked_logprobs=chunked,
                           chunk_size=log_probs_chunk_size if log_probs_chunk_size > 0 else None,
                           pack_sequences=pack)

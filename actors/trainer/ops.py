@@ -30,12 +30,13 @@ from actors.trainer.kernels import resolve_kernels
 from actors.trainer.logprobs import vocab_parallel_logprobs
 from actors.trainer.protocol import SampleLogprobs, TensorMeta, WeightGroupSpec
 from actors.trainer.rank import MegatronRank, all_finite, all_ranks_agree, response_tensors
+from actors.trainer.varlen import flash_runs
 from actors.trainer.weight_sync import WeightBroadcaster
 from policies.loss_spec import LossSpec
 from policies.objective import compute_objective
 from slime_async.batch import Batch
 
-log = logging.getLogger("actors.trainer.kernels")
+log = logging.getLogger(__name__)
 
 
 class NonFiniteWeights(RuntimeError):
@@ -58,16 +59,11 @@ class TrainerOps(ColocatedRank, MegatronRank):
     HF export and weight broadcast to the engines."""
 
     def __init__(self, config: TrainerConfig):
-        cuda = torch.cuda.is_available()
-        self.kernels = resolve_kernels(
-            config.attention_impl, config.logprob_impl, config.log_probs_chunk_size, cuda=cuda,
-            use_sdpa=config.use_sdpa if config.use_sdpa is not None else cuda,
-            pipeline_parallel=config.megatron.get("pipeline_model_parallel_size", 1))
-        super().__init__(config, adapt_model=self._adapt_head)
+        self._use_sdpa = config.use_sdpa if config.use_sdpa is not None else torch.cuda.is_available()
+        super().__init__(config, adapt_model=self._adapt_head)  # resolves self.kernels
         model = unwrap_model(self.ddp)
         if dist.get_rank() == 0:
-            use_sdpa = config.use_sdpa if config.use_sdpa is not None else torch.cuda.is_available()
-            log.info("trainer kernels: %s", self.kernels.describe(self.model_config.params_dtype, use_sdpa))
+            log.info("trainer kernels: %s", self.kernels.describe(self.model_config.params_dtype, self._use_sdpa))
         self.hf_vocab_size = hf_vocab_size_of(model)
         self.weights = WeightBroadcaster(model, int(config.weight_bucket_mb * 1024 * 1024))
         self.ref_state: dict[str, torch.Tensor] | None = None
@@ -75,6 +71,12 @@ class TrainerOps(ColocatedRank, MegatronRank):
             self.set_reference_model(config.ref_load)
 
     def _adapt_head(self, model: torch.nn.Module) -> None:
+        # Resolved here, where the params dtype is known: packing pays only where one flash call runs.
+        config = self.config
+        self.kernels = resolve_kernels(
+            config.attention_impl, config.logprob_impl, config.log_probs_chunk_size, cuda=torch.cuda.is_available(),
+            use_sdpa=self._use_sdpa, pipeline_parallel=config.megatron.get("pipeline_model_parallel_size", 1),
+            flash=flash_runs(model.config.params_dtype))
         # With the chunked head the last stage's model returns hidden states, not logits.
         if self.kernels.chunked_logprobs and model.post_process:
             return_hidden_states(model)

@@ -84,6 +84,23 @@ def test_chunked_head_without_entropy_gradient_matches_the_logprob_only_gradient
     torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-5)
 
 
+def test_the_entropy_backward_runs_only_when_the_loss_uses_the_entropy(monkeypatch):
+    import actors.trainer.fused_logprobs as fused
+
+    calls = []
+    real = fused._entropy_term
+    monkeypatch.setattr(fused, "_entropy_term", lambda *a: calls.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(2)
+    hidden, weight = torch.randn(6, 8, generator=gen), torch.randn(12, 8, generator=gen)
+    targets = torch.randint(0, 12, (6,), generator=gen)
+    for use_entropy in (False, True):
+        calls.clear()
+        x = hidden.clone().requires_grad_()
+        lp, ent = chunked_vocab_parallel_logprobs(x, weight, targets, hf_vocab_size=12, chunk_size=2)
+        (lp.sum() + (ent.sum() if use_entropy else 0)).backward()
+        assert len(calls) == (3 if use_entropy else 0), use_entropy  # one per chunk of 2 tokens
+
+
 def test_chunk_size_defaults_to_an_element_budget():
     assert chunk_tokens_for(151936, 512) == 512
     assert chunk_tokens_for(151936, None) == (1 << 26) // 151936 == 441
@@ -219,8 +236,10 @@ def test_auto_keeps_the_loop_without_a_flash_kernel_and_the_choice_is_described(
     assert resolve_kernels("auto", "auto", -1, cuda=True).chunked_logprobs
     assert resolve_kernels("loop", "chunked", 256, cuda=False).chunk_size == 256
     assert not resolve_kernels("auto", "full", -1, cuda=True).chunked_logprobs
-    # Packing needs SDPA and one pipeline stage; auto packs with CUDA only.
-    assert resolve_kernels("auto", "auto", -1, cuda=True, use_sdpa=True).pack_sequences
+    # Packing needs SDPA and one pipeline stage; auto packs with CUDA and a flash kernel for the dtype only.
+    assert resolve_kernels("auto", "auto", -1, cuda=True, use_sdpa=True, flash=True).pack_sequences
+    assert not resolve_kernels("auto", "auto", -1, cuda=True, use_sdpa=True, flash=False).pack_sequences
+    assert resolve_kernels("varlen", "auto", -1, cuda=False, use_sdpa=True).pack_sequences
     assert not resolve_kernels("auto", "auto", -1, cuda=False, use_sdpa=True).pack_sequences
     assert not resolve_kernels("varlen", "auto", -1, cuda=True, use_sdpa=True, pipeline_parallel=2).pack_sequences
     assert not resolve_kernels("varlen", "auto", -1, cuda=False, use_sdpa=False).pack_sequences
