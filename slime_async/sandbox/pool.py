@@ -71,9 +71,17 @@ def probe_isolation() -> Isolation:
     return Isolation(False, as_root, f"namespaces unavailable: {report['error']}")
 
 
+def real_interpreter(python: str) -> str:
+    """``python`` with the directories on its way resolved (a clone's ``.venv`` may be a symlink to
+    another checkout's, which the run's own /tmp would not show), its file name kept: a venv's
+    ``bin/python`` is a link to the base interpreter, and only its own path makes it the venv's."""
+    path = Path(python).absolute()
+    return str(path.parent.resolve() / path.name)
+
+
 def interpreter_paths(python: str) -> list[Path]:
     """The directories the interpreter needs: its install prefix and, for a venv, the venv."""
-    if python == sys.executable:
+    if python == real_interpreter(sys.executable):
         paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
     else:
         paths = {Path(python).resolve().parent.parent, Path(python).absolute().parent.parent}
@@ -113,7 +121,7 @@ class Sandbox:
         """``isolation``: what to use instead of probing (tests of the fallback without namespaces)."""
         self.limits = (limits or SandboxLimits()).validate(max_concurrency)
         self.max_concurrency = max_concurrency
-        self.python = self.limits.python or sys.executable
+        self.python = real_interpreter(self.limits.python or sys.executable)
         self.isolation = isolation or probe_isolation()
         self._hidden = hidden_mounts(self.python, self.limits.hidden_paths)
         # The run's /tmp is its own tmpfs: interpreter directories under the host's /tmp are bound back.

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -365,3 +366,22 @@ def test_without_namespaces_an_interpreter_the_sandbox_uid_cannot_reach_fails_at
         pytest.skip("this interpreter is reachable by every user")
     with pytest.raises(ValueError, match="--python"):
         Sandbox(TEST_LIMITS, isolation=NO_NAMESPACES)
+
+
+def test_a_sandbox_started_by_python_through_a_symlinked_venv_directory_runs():
+    # A clone whose .venv is a symlink to another checkout's venv (as in a fresh clone under /tmp):
+    # the sandbox starts the venv's python by its real directory; the link under the host's /tmp
+    # does not exist in the run's own /tmp (exit 127, "could not start", before).
+    script = ("import asyncio\n"
+              "from slime_async.sandbox import Sandbox\n"
+              "from tests.sandbox.conftest import TEST_LIMITS\n"
+              "sandbox = Sandbox(TEST_LIMITS, max_concurrency=1)\n"
+              "result = asyncio.run(sandbox.run('import numpy; print(numpy.arange(3).sum())'))\n"
+              "print(repr((result.stdout, result.exit_code, result.stderr)))\n")
+    repository = Path(__file__).resolve().parents[2]
+    with tempfile.TemporaryDirectory(dir="/tmp") as clone:
+        link = Path(clone) / ".venv"
+        link.symlink_to(Path(sys.prefix).resolve(), target_is_directory=True)
+        done = subprocess.run([str(link / "bin" / "python"), "-c", script], cwd=repository, capture_output=True,
+                              text=True, timeout=60)
+    assert done.stdout.strip() == repr(("3\n", 0, "")), done.stdout + done.stderr
