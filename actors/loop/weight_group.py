@@ -11,6 +11,13 @@ restarted when the rejoin path brings it back or a broadcast to it fails (``forg
 
 All groups meet on the store trainer rank 0 hosts (``weight_master``: bound, then reported), each
 under its own name, so a rebuild needs no new port.
+
+A failed sync must not leave the next one waiting: the calls of one join or broadcast are
+awaited together and the first failure cancels the rest (``gather_or_cancel``); the trainer's
+side of a group gives up on a collective after the weight-update timeout (``WeightGroupSpec.timeout``)
+and destroys the group itself; each rebuild uses a new group name, so no engine or trainer call
+can meet the stuck group's collective; and a rebuild destroys the old group on every old member,
+also on one that left the set but is alive.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from typing import Any
 
 from actors.trainer.protocol import TensorMeta, WeightGroupSpec
 from slime_async.actor import ActorRef
+from slime_async.engine_client import EngineClient
+from slime_async.task_group import gather_or_cancel
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +60,9 @@ class EngineSetGroup:
     """The persistent group of one engine set: ``ensure`` it before each broadcast, ``forget``
     it when it cannot be trusted (a failed broadcast, a rejoined engine), ``close`` at the end."""
 
-    def __init__(self, trainer: ActorRef, backend: str, timeout: float | None = 300.0):
+    def __init__(self, trainer: ActorRef, backend: str, timeout: float | None = 300.0, api_key: str | None = None):
         self.trainer = trainer
+        self.api_key = api_key  # for the clients of old members that left the set
         self.backend = backend
         self.timeout = timeout
         self.spec: WeightGroupSpec | None = None
@@ -73,8 +83,9 @@ class EngineSetGroup:
         await self._destroy(engines)
         address, port = await self.trainer.ask("weight_master", timeout=self.timeout)
         self.inits += 1
+        # A new name per build: a collective still stuck on the last group (a failed sync) is not this one.
         spec = WeightGroupSpec(master_address=address, master_port=port, world_size=world_size,
-                               group_name=f"weights-g{self.inits}", backend=self.backend)
+                               group_name=f"weights-g{self.inits}", backend=self.backend, timeout=self.timeout)
         self.spec, self.members, self._valid = spec, members, False
         await join_group(self.trainer, engines, spec, rank_offsets, timeout=self.timeout)
         self._valid = True
@@ -91,16 +102,25 @@ class EngineSetGroup:
     async def _destroy(self, engines: Sequence[Any]) -> None:
         if self.spec is None:
             return
-        name, urls = self.spec.group_name, {m.url for m in self.members}
+        name, urls = self.spec.group_name, [m.url for m in self.members]
         self.spec, self.members, self._valid = None, (), False
-        # An engine that restarted or died has no such group any more: its error is expected.
-        await leave_group(self.trainer, [e for e in engines if e.url in urls], name, timeout=_DESTROY_TIMEOUT)
+        # Every old member, also one no longer in ``engines`` (marked down or removed, maybe alive
+        # and holding the group). An engine that restarted or died has no such group: its error is expected.
+        known = {e.url: e for e in engines}
+        extra = [EngineClient(url, api_key=self.api_key, timeout=_DESTROY_TIMEOUT) for url in urls if url not in known]
+        try:
+            await leave_group(self.trainer, [known[url] for url in urls if url in known] + extra, name,
+                              timeout=_DESTROY_TIMEOUT)
+        finally:
+            for client in extra:
+                await client.close()
 
 
 async def join_group(trainer: ActorRef, engines: Sequence[Any], spec: WeightGroupSpec,
                      rank_offsets: Sequence[int], timeout: float | None = None) -> None:
-    """Trainer rank 0 and every engine join ``spec``'s group (concurrently: each waits for all)."""
-    await asyncio.gather(
+    """Trainer rank 0 and every engine join ``spec``'s group (concurrently: each waits for all;
+    the first failure cancels the others)."""
+    await gather_or_cancel(
         trainer.ask("init_weight_group", spec, timeout=timeout),
         *(engine.init_weights_update_group(spec.master_address, spec.master_port, offset, spec.world_size,
                                            spec.group_name, spec.backend)
@@ -127,7 +147,9 @@ async def send_weights(trainer: ActorRef, engines: Sequence[Any], group_name: st
             if isinstance(answer, dict) and not answer.get("success", True):
                 raise RuntimeError(f"engine rejected the weight update: {answer.get('message')}")
 
-    results = await asyncio.gather(
+    # The first failure (an engine's POST, the trainer's broadcast) cancels the other calls; the
+    # trainer's rank itself leaves the collective at the group's timeout and destroys its side.
+    results = await gather_or_cancel(
         trainer.ask("broadcast_weights", group_name, flattened=flattened, timeout=timeout),
         *(post_buckets(engine) for engine in engines),
     )

@@ -292,12 +292,13 @@ class WeightSync:
                 # The group's master is trainer rank 0, on whichever node holds it (slime_async.cluster).
                 master_address, master_port = await self.trainer.ask("weight_master", timeout=self.timeout)
                 spec = WeightGroupSpec(master_address=master_address, master_port=master_port, world_size=world_size,
-                                       group_name=group_name, backend=_backend())
+                                       group_name=group_name, backend=_backend(), timeout=self.timeout)
                 await update_engine_weights(self.trainer, clients, spec, rank_offsets=rank_offsets,
                                             weight_version=str(version), timeout=self.timeout)
             else:
                 if self._group is None:
-                    self._group = EngineSetGroup(self.trainer, _backend(), timeout=self.timeout)
+                    self._group = EngineSetGroup(self.trainer, _backend(), timeout=self.timeout,
+                                                 api_key=self.api_key)
                 spec = await self._group.ensure(clients, [engine_identity(i) for i in infos], rank_offsets, world_size)
                 await send_weights(self.trainer, clients, spec.group_name, str(version), timeout=self.timeout)
         except Exception as error:

@@ -44,6 +44,9 @@ class WeightGroupSpec:
     world_size: int  # 1 (trainer rank 0) + total engine ranks
     group_name: str = "weight_update_group"
     backend: str = "gloo"
+    # Seconds a collective of this group may wait (None: slime_async.weight_group.DEFAULT_TIMEOUT):
+    # the weight-update timeout, so a broadcast whose peers are gone (a failed sync) ends by then.
+    timeout: float | None = None
 
     @property
     def init_method(self) -> str:

@@ -19,6 +19,8 @@ and skip.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
@@ -26,7 +28,8 @@ from megatron.core import parallel_state
 from actors.trainer.bridge import iter_hf_weight_buckets
 from actors.trainer.protocol import TensorMeta, WeightGroupSpec
 from slime_async.flat_bucket import flatten
-from slime_async.weight_group import destroy_custom_process_group, init_custom_process_group, listening_store
+from slime_async.weight_group import (DEFAULT_TIMEOUT, destroy_custom_process_group, init_custom_process_group,
+                                      listening_store)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -75,8 +78,9 @@ class WeightBroadcaster:
             raise ValueError(f"weight update group {spec.group_name!r} already exists on trainer rank 0")
         # The group meets on rank 0's own store when the spec names its port (weight_store_port).
         store = self.store if self.store is not None and spec.master_port == self.store.port else None
+        timeout = timedelta(seconds=spec.timeout) if spec.timeout is not None else DEFAULT_TIMEOUT
         self.groups[spec.group_name] = init_custom_process_group(
-            spec.backend, spec.init_method, spec.world_size, 0, spec.group_name, store=store
+            spec.backend, spec.init_method, spec.world_size, 0, spec.group_name, timeout=timeout, store=store
         )
 
     def broadcast(self, group_name: str, flattened: bool = True) -> int:
