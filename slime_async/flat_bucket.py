@@ -9,6 +9,7 @@ bucket are fine: the buffer is bytes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -23,7 +24,7 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def nbytes(dtypes: Sequence[torch.dtype], shapes: Sequence[Sequence[int]]) -> int:
     """Size of the flat buffer of tensors of these dtypes and shapes."""
-    return sum(_numel(shape) * torch.empty((), dtype=dtype).element_size() for dtype, shape in zip(dtypes, shapes))
+    return sum(math.prod(shape) * dtype.itemsize for dtype, shape in zip(dtypes, shapes))
 
 
 def unflatten(flat: torch.Tensor, dtypes: Sequence[torch.dtype], shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -36,17 +37,10 @@ def unflatten(flat: torch.Tensor, dtypes: Sequence[torch.dtype], shapes: Sequenc
         raise ValueError(f"flat bucket holds {flat.numel()} bytes, its dtypes and shapes need {expected}")
     out, start = [], 0
     for dtype, shape in zip(dtypes, shapes):
-        size = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+        size = math.prod(shape) * dtype.itemsize
         piece = flat[start:start + size]
         if start % torch.empty((), dtype=dtype).element_size():
             piece = piece.clone()
         out.append(piece.view(dtype).reshape(tuple(shape)))
         start += size
     return out
-
-
-def _numel(shape: Sequence[int]) -> int:
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count

@@ -76,6 +76,8 @@ def listening_store(host: str, timeout: timedelta = DEFAULT_TIMEOUT) -> dist.TCP
     Binding first and reporting the port after is what keeps anyone else from taking it in
     between: a port chosen free, released and bound later can be taken by then (EADDRINUSE).
     The other ranks connect to it as clients through a plain ``tcp://host:port`` rendezvous.
+    ``host`` is not what the server binds: TCPStore's server listens on every interface, which is
+    what lets engines on other nodes reach it at the node's IP (``TrainerActor.weight_master``).
     """
     return dist.TCPStore(host, 0, None, True, timeout=timeout, wait_for_workers=False)
 

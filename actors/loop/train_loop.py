@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +131,7 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
     return 0
 
 
-async def _on_device(h: Handles, work):
+async def _on_device(h: Handles, work: Awaitable[Any]) -> Any:
     """Colocated, the trainer's state is in host memory between steps: a checkpoint brings it back first."""
     return await (h.colocation.on_device(work) if h.colocation is not None else work)
 

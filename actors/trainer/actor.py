@@ -21,7 +21,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -501,11 +501,11 @@ class TrainerActor(Actor):
     # ----- colocated training (--colocate: actors/trainer/colocate.py) ----------------------------
     def offload(self, parts: Sequence[str]) -> Deferred:
         """Move ``parts`` (optimizer, grads, params) of every rank to host memory; the slowest rank's seconds."""
-        return self.defer(self._slowest(self._all("offload", list(parts))))
+        return self.defer(self._max(self._all("offload", list(parts))))
 
     def onload(self) -> Deferred:
         """Bring every rank's offloaded state back to its device; the slowest rank's seconds."""
-        return self.defer(self._slowest(self._all("onload")))
+        return self.defer(self._max(self._all("onload")))
 
     def next_tensor_bucket(self, serving: Sequence[int]) -> Deferred:
         """The next bucket of the weight export: per rank its IPC payload ("" on ranks not in
@@ -518,14 +518,15 @@ class TrainerActor(Actor):
 
     def memory_peak(self) -> Deferred:
         """The largest rank's peak device bytes since the last call (CUDA allocated; CPU resident)."""
-        return self.defer(self._slowest(self._all("memory_peak")))
+        return self.defer(self._max(self._all("memory_peak")))
 
     @staticmethod
-    async def _slowest(results) -> float:
+    async def _max(results: Awaitable[list[float]]) -> float:
+        """The largest of every rank's answer (the slowest rank's seconds, the largest peak)."""
         return max(await results)
 
     @staticmethod
-    async def _bucket(results) -> list[str] | None:
+    async def _bucket(results: Awaitable[list[str | None]]) -> list[str | None] | None:
         payloads = await results
         return None if all(p is None for p in payloads) else list(payloads)
 
@@ -534,7 +535,8 @@ class TrainerActor(Actor):
 
     def weight_master(self) -> Deferred:
         """(address, port) of the store trainer rank 0 hosts for every weight-update group: the
-        rank binds the port itself before it is reported, so nothing can take it in between."""
+        rank binds the port itself before it is reported, so nothing can take it in between (on
+        every interface: the address is rank 0's node IP, slime_async.weight_group.listening_store)."""
         return self.defer(self._weight_master())
 
     async def _weight_master(self) -> tuple[str, int]:

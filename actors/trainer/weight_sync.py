@@ -54,7 +54,8 @@ class WeightBroadcaster:
 
     def store_port(self) -> int | None:
         """Rank 0: the port of its weight-update store, bound at the first call and held until
-        the process ends (others None)."""
+        the process ends (others None). The host given is only the client side's: the store's
+        server listens on every interface, so engines on other nodes reach it at the node's IP."""
         if dist.get_rank() != 0:
             return None
         if self.store is None:
@@ -91,8 +92,10 @@ class WeightBroadcaster:
         for the receivers, so the two sides stay in step. ``flattened``: one broadcast per
         bucket, sent asynchronously while the next bucket is gathered, cast and flattened (at
         most two flat buckets exist at once: the one on the wire and the next); else one
-        blocking broadcast per tensor. A broadcast that fails (an engine died) destroys the
-        group here: its peers are out of step, and the next sync builds a new one.
+        blocking broadcast per tensor (the run always sends flattened buckets; the per-tensor path is
+        reached only by ``benchmarks/gpu/weight_sync.py``, which compares the two). A broadcast that
+        fails (an engine died, or the group's timeout passed) destroys the group here: its peers are
+        out of step, and the next sync builds a new one under a new name.
         """
         if not takes_part():
             return 0

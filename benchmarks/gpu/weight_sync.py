@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from benchmarks.gpu.qwen_shapes import write_random_model  # noqa: E402
+from slime_async.flat_bucket import nbytes  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 BACKEND = "nccl" if CUDA else "gloo"
@@ -115,7 +116,7 @@ async def measure(args: argparse.Namespace, model_dir: Path, work: Path) -> None
     trainer = await spawn(TrainerActor(config, work / "logs"))
     try:
         buckets = await trainer.ask("weight_metadata", timeout=None)
-        sizes = [sum(_nbytes(m) for m in bucket) for bucket in buckets]
+        sizes = [nbytes([getattr(torch, m.dtype) for m in bucket], [m.shape for m in bucket]) for bucket in buckets]
         total = sum(sizes)
         print(f"{args.shape}: {sum(len(b) for b in buckets)} tensors, {total / 1e9:.3f} GB in {len(buckets)} "
               f"bucket(s) of <= {args.bucket_mb:g} MiB, backend {BACKEND}")
@@ -154,13 +155,6 @@ async def measure(args: argparse.Namespace, model_dir: Path, work: Path) -> None
     for mode, sync_s, broadcast_s in rows:
         gbps = total / broadcast_s / 1e9
         print(f"| {args.shape} | {mode} | {sync_s:.3f} | {broadcast_s:.3f} | {gbps:.2f} | {100 * gbps / raw:.0f}% |")
-
-
-def _nbytes(meta) -> int:
-    count = 1
-    for dim in meta.shape:
-        count *= int(dim)
-    return count * torch.empty((), dtype=getattr(torch, meta.dtype)).element_size()
 
 
 def main() -> None:
