@@ -11,8 +11,9 @@ descriptors through a socket only the sender's own multiprocessing children may 
 (an authkey), and the trainer rank and the engine are unrelated processes. The strategy is a
 process-wide torch setting, set by ``serialize_named_tensors`` in the sending process.
 
-The receiver unpickles with an allow-list (as SGLang's ``SafeUnpickler`` does): a POST body
-must not be able to name arbitrary callables.
+The receiver unpickles with an allow-list of exact (module, name) pairs (stricter than SGLang's
+``SafeUnpickler``, whose module prefixes let dotted names through): a POST body must not be able
+to name arbitrary callables.
 """
 
 from __future__ import annotations
@@ -26,11 +27,21 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 import torch.multiprocessing
 
-# Modules whose globals a tensor payload may reference (torch's rebuild functions and storages).
-_ALLOWED_PREFIXES = ("torch.", "builtins.", "collections.", "copyreg.", "multiprocessing.reduction.")
-_ALLOWED_MODULES = {"torch", "builtins", "collections", "copyreg"}
-_DENIED = {("builtins", "eval"), ("builtins", "exec"), ("builtins", "compile"), ("builtins", "open"),
-           ("builtins", "__import__"), ("builtins", "getattr"), ("builtins", "setattr")}
+# The exact globals a tensor payload may reference: torch's rebuild functions (CPU shared memory,
+# CUDA IPC, and SGLang's device-UUID variant of the CUDA one), storages, tensor types, dtypes and
+# Size. Exact pairs, not module prefixes: protocol-4 pickles resolve dotted names, so a prefix rule
+# would let ("torch.hub", "os.system") through.
+_REDUCTIONS = "torch.multiprocessing.reductions"
+_ALLOWED: frozenset[tuple[str, str]] = frozenset({
+    *((_REDUCTIONS, name) for name in ("rebuild_tensor", "rebuild_cuda_tensor", "rebuild_typed_storage",
+                                       "rebuild_typed_storage_child", "rebuild_storage_filename",
+                                       "rebuild_storage_fd", "rebuild_storage_empty", "rebuild_meta_tensor")),
+    ("sglang.srt.utils.patch_torch", "_rebuild_cuda_tensor_modified"),
+    ("torch.storage", "UntypedStorage"), ("torch.storage", "TypedStorage"), ("torch", "UntypedStorage"),
+    ("torch", "TypedStorage"), ("torch", "Tensor"), ("torch._tensor", "Tensor"), ("torch", "Size"),
+    ("torch.nn.parameter", "Parameter"), ("collections", "OrderedDict"),
+    *(("torch", name) for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)),
+})
 
 
 class TensorPayloadError(ValueError):
@@ -60,17 +71,15 @@ def deserialize_named_tensors(payload: str) -> list[tuple[str, torch.Tensor]]:
         raise
     except Exception as error:  # a handle whose memory is gone fails here: FileNotFoundError, RuntimeError
         raise TensorPayloadError(f"cannot open the tensor handles: {type(error).__name__}: {error}") from error
-    if not isinstance(value, list) or not all(
-            isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], torch.Tensor)
-            for item in value):
+    if not isinstance(value, list) or not all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                                              and isinstance(item[1], torch.Tensor) for item in value):
         raise TensorPayloadError("expected a list of (name, tensor) pairs")
     return value
 
 
 class _AllowListUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        allowed = module in _ALLOWED_MODULES or module.startswith(_ALLOWED_PREFIXES)
-        if not allowed or (module, name) in _DENIED:
+        if "." in name or (module, name) not in _ALLOWED:
             raise TensorPayloadError(f"payload references {module}.{name}, which a tensor payload may not")
         return super().find_class(module, name)
 

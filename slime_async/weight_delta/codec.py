@@ -22,6 +22,8 @@ import torch
 import xxhash
 import zstandard
 
+from slime_async.dtypes import dtype_from_name
+
 ENCODINGS = ("raw", "xor", "same")  # raw: the bytes; xor: bytes XOR base; same: identical to base
 ZSTD_LEVEL = 3
 
@@ -39,18 +41,11 @@ class TensorMeta:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=torch_dtype(self.dtype)).element_size()
+        return torch.empty((), dtype=dtype_from_name(self.dtype, DeltaDecodeError)).element_size()
 
     @property
     def nbytes(self) -> int:
         return self.itemsize * int(np.prod(self.shape, dtype=np.int64))
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise DeltaDecodeError(f"unknown dtype {name!r}")
-    return dtype
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -119,7 +114,7 @@ def decode(encoding: str, payload: bytes, meta: TensorMeta, base: np.ndarray | N
         raise DeltaDecodeError(f"{meta.name}: unknown encoding {encoding!r}; expected one of {list(ENCODINGS)}")
     if tensor_checksum(raw) != meta.checksum:
         raise DeltaDecodeError(f"{meta.name}: checksum mismatch after reconstruction ({encoding})")
-    return torch.from_numpy(raw).view(torch_dtype(meta.dtype)).reshape(meta.shape)
+    return torch.from_numpy(raw).view(dtype_from_name(meta.dtype, DeltaDecodeError)).reshape(meta.shape)
 
 
 def _shuffle(data: np.ndarray, itemsize: int) -> np.ndarray:

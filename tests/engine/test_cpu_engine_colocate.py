@@ -7,11 +7,16 @@ import asyncio
 import copy
 import base64
 import pickle
+import threading
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from actors.engine.cpu.memory import MemoryOccupation
+from actors.engine.cpu.model_runner import ModelRunner
+from actors.engine.cpu.protocol import SamplingParams
+from actors.engine.cpu.scheduler import REFUSED, Request, Scheduler, SchedulerConfig
 from actors.loop.colocate import ColocateError, Colocation
 from actors.router.actor import RouterActor
 from actors.router.config import RouterConfig
@@ -131,7 +136,51 @@ async def test_a_resume_of_memory_not_released_and_payloads_that_are_not_tensor_
         hostile = base64.b64encode(pickle.dumps(_Shell())).decode()
         with pytest.raises(EngineHTTPError, match="references posix.system, which a tensor payload may not"):
             await client.update_weights_from_tensor([hostile])
+        # Protocol 4 resolves dotted names: module torch.hub, name os.getpid is os.getpid, so the
+        # allow-list must hold exact (module, name) pairs, not module prefixes such as "torch.".
+        dotted = base64.b64encode(_protocol4_call("torch.hub", "os.getpid")).decode()
+        with pytest.raises(EngineHTTPError, match="references torch.hub.os.getpid, which a tensor payload may not"):
+            await client.update_weights_from_tensor([dotted])
         assert (await _memory(client))["released"] == []
+
+
+def _protocol4_call(module: str, name: str) -> bytes:
+    """A pickle that calls module.name() through STACK_GLOBAL (how protocol 4 names globals)."""
+    def text(value: str) -> bytes:
+        return b"\x8c" + bytes([len(value)]) + value.encode()
+    return b"\x80\x04" + text(module) + text(name) + b"\x93" + b")" + b"R" + b"."
+
+
+def test_a_request_that_passed_the_early_check_before_a_release_never_runs_on_released_weights(tiny_model_dir):
+    """The race of a /generate with a release, made deterministic: the request reaches the
+    scheduler only after the release ran there (as when its early check passed just before)."""
+    runner = ModelRunner(tiny_model_dir)
+    memory = MemoryOccupation(runner)
+    scheduler = Scheduler(runner, SchedulerConfig(), refusal=memory.refusal)
+    scheduler.start()
+    try:
+        def control(fn):
+            return scheduler.call(fn).result(timeout=30)
+
+        def generate() -> Request:
+            done = threading.Event()
+            request = Request("r", PROMPT, SamplingParams(temperature=0.0, max_new_tokens=2), False,
+                              lambda _req: done.set())
+            scheduler.submit(request)
+            assert done.wait(30)
+            return request
+
+        control(lambda: memory.release(["weights"], scheduler.loads(), scheduler.flush_cache))
+        refused = generate()
+        assert refused.finish_reason["err_type"] == REFUSED and refused.finish_reason["status_code"] == 503
+        assert "memory is released (weights)" in refused.finish_reason["message"]
+        control(lambda: memory.resume(["weights"]))
+        assert "weights are incomplete" in generate().finish_reason["message"]
+        assert scheduler.stats.prompt_tokens == 0  # no prefill ran: the model never saw those weights
+        control(lambda: scheduler.swap_weights(_weights(tiny_model_dir), flush_cache=True))
+        assert generate().finish_reason["type"] == "length"
+    finally:
+        scheduler.stop()
 
 
 # ---- the colocated phases against this engine, with failures injected for real ---------------

@@ -27,6 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from actors.engine.cpu.config import ModelDirError, check_model_dir
+from slime_async.dtypes import dtype_from_name
 
 # A sequence's cache: one (keys, values) pair per layer, each [1, kv_heads, len, head_dim].
 SequenceKV = list[tuple[torch.Tensor, torch.Tensor]]
@@ -55,14 +56,6 @@ def kv_length(kv: SequenceKV | None) -> int:
 def slice_kv(kv: SequenceKV, length: int) -> SequenceKV:
     """The first `length` positions of a cache (views; safe because caches are immutable)."""
     return [(k[:, :, :length], v[:, :, :length]) for k, v in kv]
-
-
-def _parse_dtype(name: str) -> torch.dtype:
-    attr = name.removeprefix("torch.")
-    dtype = getattr(torch, attr, None)
-    if not isinstance(dtype, torch.dtype):
-        raise WeightUpdateError(f"unknown dtype {name!r}")
-    return dtype
 
 
 def filter_top_k_top_p(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -248,12 +241,14 @@ class ModelRunner:
                 f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, {len(shapes)})"
             )
         for name, dtype, shape in zip(names, dtypes, shapes):
-            self._check_tensor(name, torch.Size(shape), _parse_dtype(dtype), exact_dtype=True, source="broadcast")
+            self._check_tensor(name, torch.Size(shape), dtype_from_name(dtype, WeightUpdateError), exact_dtype=True,
+                               source="broadcast")
 
     @staticmethod
     def receive_buffers(dtypes: list[str], shapes: list[list[int]]) -> list[torch.Tensor]:
         """Empty tensors shaped as announced, to receive a broadcast into."""
-        return [torch.empty(shape, dtype=_parse_dtype(dtype)) for dtype, shape in zip(dtypes, shapes)]
+        return [torch.empty(shape, dtype=dtype_from_name(dtype, WeightUpdateError))
+                for dtype, shape in zip(dtypes, shapes)]
 
     @torch.no_grad()
     def apply_weights(self, staged: dict[str, torch.Tensor]) -> None:
@@ -291,8 +286,9 @@ class ModelRunner:
         self._released_shapes = None
 
     @property
-    def weights_released(self) -> bool:
-        return self._released_shapes is not None
+    def can_serve(self) -> bool:
+        """Whether every weight is allocated and loaded (checked before each admission)."""
+        return self._released_shapes is None and not self._unloaded
 
     def unloaded_weights(self) -> list[str]:
         """Weights not loaded since the memory was resumed (empty when the model can serve)."""

@@ -38,6 +38,8 @@ from actors.engine.cpu.protocol import SamplingParams
 logger = logging.getLogger(__name__)
 
 PAUSE_MODES = ("abort", "retract", "in_place")
+# err_type of a request refused at admission because the weights cannot serve (HTTP 503).
+REFUSED = "EngineCannotServe"
 
 
 @dataclass
@@ -131,9 +133,14 @@ class ThroughputWindow:
 class Scheduler:
     """Owns the scheduler thread; see the module docstring for the loop."""
 
-    def __init__(self, runner: ModelRunner, config: SchedulerConfig) -> None:
+    def __init__(self, runner: ModelRunner, config: SchedulerConfig,
+                 refusal: Callable[[], str | None] = lambda: None) -> None:
         config.validate()
         self.runner = runner
+        # Why the runner cannot serve now (its memory released, weights not all loaded), or None:
+        # asked before every admission, on this thread, where releases also run, so a request
+        # that passed the server's early check before a release never runs on released weights.
+        self.refusal = refusal
         self.config = config
         self.prefix_cache = PrefixCache(config.prefix_cache_max_tokens)
         self._weights_epoch = 0  # bumped by a swap that flushes the cache
@@ -299,6 +306,12 @@ class Scheduler:
             self._decode()
 
     def _admit(self) -> None:
+        refusal = self.refusal() if self._waiting else None
+        if refusal is not None:
+            for request in [*self._waiting]:
+                self._finish(request, {"type": "abort", "message": refusal, "status_code": 503,
+                                       "err_type": REFUSED})
+            return
         context = self.runner.context_len
         reserved = sum(r.reserved_tokens(context) for r in self._running)
         while self._waiting and len(self._running) < self.config.max_running_requests:

@@ -27,14 +27,17 @@ import torch
 import torch.distributed as dist
 from aiohttp import web
 
-from actors.engine.cpu import memory as colocate_memory
+from actors.engine.cpu.memory import TAGS as MEMORY_TAGS
+from actors.engine.cpu.memory import MemoryOccupation, MemoryStateError
 from actors.engine.cpu.config import EngineArgs, ModelDirError, parse_args
 from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
 from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
-from actors.engine.cpu.scheduler import PAUSE_MODES, Request, Scheduler, SchedulerConfig
+from actors.engine.cpu.scheduler import PAUSE_MODES, REFUSED, Request, Scheduler, SchedulerConfig
 from slime_async import flat_bucket
+from slime_async.dtypes import dtype_from_name
 from slime_async.net import serve_until_signalled
 from slime_async.runtime import run as run_event_loop
+from slime_async.tensor_ipc import TensorPayloadError, deserialize_named_tensors
 from slime_async.weight_delta import codec as weight_codec
 from slime_async.weight_delta import receiver as weight_delta
 from slime_async.weight_group import destroy_custom_process_group, init_custom_process_group
@@ -62,6 +65,9 @@ class EngineServer:
         self.tokenizer = tokenizer
         self.model_path = runner.model_path
         self.weight_version = args.weight_version
+        # Colocated training: which memory regions are released (actors/engine/cpu/memory.py);
+        # the scheduler asks it before every admission.
+        self.memory = MemoryOccupation(runner)
         self.scheduler = Scheduler(
             runner,
             SchedulerConfig(
@@ -69,6 +75,7 @@ class EngineServer:
                 max_total_tokens=args.max_total_tokens,
                 prefix_cache_max_tokens=args.prefix_cache_max_tokens,
             ),
+            refusal=self.memory.refusal,
         )
         self.groups: dict[str, dist.ProcessGroup] = {}
         self.scheduler.weight_version = self.weight_version  # before its thread starts
@@ -87,8 +94,6 @@ class EngineServer:
         # Delta weight sync (slime_async/weight_delta): the exported tensors of the version served,
         # kept apart from the model's (which may be another dtype) as the base of the next delta.
         self.delta = weight_delta.DeltaReceiver()
-        # Colocated training: which memory regions are released (actors/engine/cpu/memory.py).
-        self.memory = colocate_memory.MemoryOccupation(self)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -118,7 +123,11 @@ class EngineServer:
                 web.get("/get_weights_by_name", self.get_weights_by_name),
                 web.post("/get_weights_by_name", self.get_weights_by_name),
                 *weight_delta.routes(self.delta, self._load_delta, self._served),
-                *colocate_memory.routes(self),
+                web.post("/release_memory_occupation", self.release_memory_occupation),
+                web.get("/release_memory_occupation", self.release_memory_occupation),
+                web.post("/resume_memory_occupation", self.resume_memory_occupation),
+                web.get("/resume_memory_occupation", self.resume_memory_occupation),
+                web.post("/update_weights_from_tensor", self.update_weights_from_tensor),
             ]
         )
         app.on_startup.append(self._on_startup)
@@ -145,6 +154,7 @@ class EngineServer:
             items, is_batch = parse_generate(body, self.runner.vocab_size, self.runner.context_len, self.tokenizer)
         except BadRequest as exc:
             return _error(str(exc))
+        # Early and cheap; the scheduler asks again at admission, which a release cannot race.
         refusal = self.memory.refusal()
         if refusal is not None:
             return _error(refusal, status=503)
@@ -160,6 +170,9 @@ class EngineServer:
         failed = next((req for req in finished if (req.finish_reason or {}).get("status_code") == 500), None)
         if failed is not None:  # an engine failure, not an abort to resume from
             return _error(failed.finish_reason["message"], status=500)
+        refused = next((req for req in finished if (req.finish_reason or {}).get("err_type") == REFUSED), None)
+        if refused is not None:  # released between the early check and admission
+            return _error(refused.finish_reason["message"], status=503)
         outputs = [generate_output(req, self.weight_version, started, self.tokenizer) for req in finished]
         return _json(outputs if is_batch else outputs[0])
 
@@ -336,6 +349,68 @@ class EngineServer:
         return _json(
             {"success": True, "message": f"Weight version updated to {new_version}", "new_version": new_version}
         )
+
+    # ---- memory occupation (colocated training) -----------------------------------------
+    # POST /release_memory_occupation {tags?: ["weights", "kv_cache"]}   free them (all when no tags)
+    # POST /resume_memory_occupation  {tags?: [...]}                     allocate them again
+    # POST /update_weights_from_tensor {serialized_named_tensors: [str], load_format?, flush_cache?,
+    #                                   abort_all_requests?, weight_version?}
+    # SGLang 0.5.17's shapes (ReleaseMemoryOccupationReqInput, UpdateWeightsFromTensorReqInput):
+    # serialized_named_tensors holds one payload per TP rank (slime_async.tensor_ipc; one here).
+
+    async def release_memory_occupation(self, request: web.Request) -> web.Response:
+        return await self._change_memory(request, "release")
+
+    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
+        return await self._change_memory(request, "resume")
+
+    async def _change_memory(self, request: web.Request, what: str) -> web.Response:
+        try:
+            body = await _memory_body(request)
+            tags = body.get("tags") or list(MEMORY_TAGS)
+            if not isinstance(tags, list) or any(tag not in MEMORY_TAGS for tag in tags):
+                raise MemoryStateError(f"tags must be a list of {list(MEMORY_TAGS)}, got {body.get('tags')!r}")
+            # Not the model-update writer lock: a busy engine refuses the release (as SGLang's
+            # does) rather than waiting, and the scheduler refuses later admissions itself.
+            async with self._update_lock:  # never between the buckets of a weight update
+                if what == "release":
+                    message = await self._control(
+                        lambda: self.memory.release(tags, self.scheduler.loads(), self.scheduler.flush_cache))
+                else:
+                    message = await self._control(lambda: self.memory.resume(tags))
+        except MemoryStateError as error:
+            logger.error("memory: %s refused: %s", what, error)
+            return _json({"success": False, "message": str(error)}, status=400)
+        logger.info("memory: %s", message)
+        return _json({"success": True, "message": message})
+
+    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
+        try:
+            body = await _memory_body(request)
+            payloads = body.get("serialized_named_tensors")
+            if not isinstance(payloads, list) or len(payloads) != 1 or not isinstance(payloads[0], str):
+                raise WeightUpdateError("serialized_named_tensors must be a list of one base64 payload per TP "
+                                        f"rank (the CPU engine has 1), got {type(payloads).__name__} of "
+                                        f"{len(payloads) if isinstance(payloads, list) else '?'}")
+            if body.get("load_format") not in (None, "direct"):
+                raise WeightUpdateError(f"load_format {body['load_format']!r}: the CPU engine takes (name, tensor) "
+                                        "lists (none or 'direct')")
+            async with self._update_lock:
+                if "weights" in self.memory.released:
+                    raise WeightUpdateError("the weights' memory is released: POST /resume_memory_occupation "
+                                            "{tags: ['weights']} first")
+                named = await asyncio.to_thread(deserialize_named_tensors, payloads[0])
+                # Where the dtypes match, staged holds the sender's shared memory itself (to() does
+                # not copy): safe because the swap copies it into the model before we answer, and
+                # the sender keeps its tensors alive until then.
+                staged = await asyncio.to_thread(self.runner.stage_partial, named, "update_weights_from_tensor")
+                await self._swap(staged, body)
+        except (WeightUpdateError, TensorPayloadError, MemoryStateError) as error:
+            logger.error("weights: update_weights_from_tensor refused: %s", error)
+            return _json({"success": False, "message": f"Failed to update weights: {error}"}, status=400)
+        logger.info("weights: loaded %d tensor(s) from IPC handles%s", len(staged),
+                    f", version {body['weight_version']}" if body.get("weight_version") is not None else "")
+        return _json({"success": True, "message": "Succeeded to update model weights."})
 
     # ---- weight updates -----------------------------------------------------------------
 
@@ -515,17 +590,10 @@ class EngineServer:
 
 def _receive_flat_bucket(group: dist.ProcessGroup, dtypes: list[str], shapes: list[list[int]]) -> list[torch.Tensor]:
     """One broadcast of the bucket's bytes (SGLang's FlattenedTensorBucket layout), split into its tensors."""
-    parsed = [_torch_dtype(d) for d in dtypes]
+    parsed = [dtype_from_name(d) for d in dtypes]
     flat = torch.empty(flat_bucket.nbytes(parsed, shapes), dtype=torch.uint8)
     dist.broadcast(flat, src=0, group=group)
     return flat_bucket.unflatten(flat, parsed, shapes)
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, str(name).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype
 
 
 def _receive_broadcast(group: dist.ProcessGroup, buffers: list[torch.Tensor]) -> None:
@@ -543,6 +611,17 @@ async def _read_json(request: web.Request, allow_empty: bool = False) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"malformed JSON body: {exc}") from exc
+
+
+async def _memory_body(request: web.Request) -> dict[str, Any]:
+    """The JSON object of a memory-occupation or tensor-update request (empty allowed)."""
+    try:
+        body = await _read_json(request, allow_empty=True) or {}
+    except BadRequest as error:
+        raise MemoryStateError(str(error)) from error
+    if not isinstance(body, dict):
+        raise MemoryStateError(f"expected a JSON object, got {type(body).__name__}")
+    return body
 
 
 def _require(body: Any, key: str, kind: type) -> Any:
