@@ -47,6 +47,14 @@ from slime_async.trace import TraceRecorder
 log = logging.getLogger("slime_async")
 
 
+def _close_trace(trace: TraceRecorder) -> None:
+    """The final trace file; one that cannot be written is reported, the run's exit code stands."""
+    try:
+        trace.close()
+    except OSError as error:
+        log.error("trace: the final %s could not be written (%s); the run itself is not affected", trace.path, error)
+
+
 def run_train(config: RunConfig) -> int:
     """Run ``config`` (resolved: ``parse_run_config``) to the end; the exit code."""
     # Absolute: the trainer's torchrun and the engines run in other directories than the user's.
@@ -64,7 +72,7 @@ def run_train(config: RunConfig) -> int:
             code = run(lambda: in_cluster(config, lambda cluster: _main(config, run_dir, restarts, progress, cluster,
                                                                         trace)), use_uvloop=use_uvloop)
         finally:
-            trace.close()
+            _close_trace(trace)
         if not should_restart(config, code, progress, restarts):
             return code
         # Each attempt is a fresh event loop and process tree; everything else comes from the

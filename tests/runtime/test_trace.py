@@ -123,6 +123,10 @@ def test_an_unwritable_trace_path_mid_run_warns_once_recording_goes_on_and_close
     assert [r.levelname for r in caplog.records if "cannot write" in r.message] == ["WARNING"]
     with pytest.raises(OSError):
         trace.close()
+    from actors.loop.launch import _close_trace  # the CLI's import cost only here
+
+    _close_trace(trace)  # the run's end reports it in one line and keeps its exit code
+    assert [r.levelname for r in caplog.records if "could not be written" in r.message] == ["ERROR"]
     blocker.unlink()  # the disk is back: the final file holds every span
     trace.close()
     assert len(spans(blocker / "trace.json")) == 3
