@@ -217,10 +217,15 @@ class ActorRef:
     def alive(self) -> bool:
         return self._actor.running
 
+    def handles(self, method: str) -> bool:
+        """Whether the actor has a handler ``method`` (to tell an optional handler's absence
+        from an AttributeError raised inside it)."""
+        return callable(getattr(self._actor, method, None)) and not method.startswith("_")
+
     def _check(self, method: str) -> None:
         if not self._actor.running:
             raise ActorStopped(f"actor {self._actor.name!r} is not running (message {method!r})")
-        if not callable(getattr(self._actor, method, None)) or method.startswith("_"):
+        if not self.handles(method):
             raise AttributeError(f"actor {self._actor.name!r} has no handler {method!r}")
 
     def tell(self, method: str, *args: Any, **kwargs: Any) -> None:

@@ -4,9 +4,9 @@ A producer task asks the buffer to ``reserve`` a slot before it starts each prom
 buffer answers only when one more group keeps the staleness bound and fits its capacity, which
 is all the pacing the three training modes need (sync = bound 0, one-step-off = 1, fully-async
 = ``--max-staleness``). Each group's samples are generated concurrently, at most the engines'
-capacity in flight (``policies.concurrency``, re-read from the router every second so that
-engines joining or leaving count; ``--rollout-concurrency`` caps it), scored, filtered by the dynamic-sampling hook, then
-``put`` into the buffer — or the reservation is cancelled and the drop counted. Once the
+capacity in flight (``policies.concurrency``: twice the engines' slots, re-read from the router
+every second so that engines joining or leaving count; ``--rollout-concurrency`` caps it), scored,
+filtered by the dynamic-sampling hook, then ``put`` into the buffer — or the reservation is cancelled and the drop counted. Once the
 prompts are exhausted and the last group in flight is settled, the producer tells the buffer
 ``end_of_data``, which answers the trainer's waiting ``get``.
 """
@@ -27,7 +27,7 @@ from actors.rollout.generate import TRAJECTORY_SESSION, GenerateContext, default
 from actors.rollout.hooks import load_function
 from actors.rollout.rewards import RewardScorer
 from actors.rollout.slime_plugins import SlimePlugins
-from policies.concurrency import UNKNOWN_ENGINE_SLOTS, group_slots, rollout_concurrency
+from policies.concurrency import OVERSUBSCRIPTION, UNKNOWN_ENGINE_SLOTS, group_slots, rollout_concurrency
 from policies.sampling_filters import BUILTIN_FILTERS
 from slime_async.actor import Actor, ActorRef
 from slime_async.limiter import Limiter
@@ -77,7 +77,7 @@ class RolloutActor(Actor):
         self._admission_waits = self.ctx.trace.lane("buffer", "rollout waits for admission")
         self._space_waits = self.ctx.trace.pool("buffer", "rollout waits for space")
         # Hooks of either style are wrapped into the native signatures below (hooks.hook_style).
-        self.plugins = SlimePlugins(config, self.ctx, plugin_settings)
+        self.plugins = SlimePlugins(config, self.ctx, plugin_settings, concurrency=lambda: self._slots.limit)
         self.scorer = RewardScorer(config, self.ctx, self.plugins)
         self.generate_fn = default_generate
         if config.custom_generate_function_path:
@@ -97,8 +97,11 @@ class RolloutActor(Actor):
         initial = config.rollout_concurrency or UNKNOWN_ENGINE_SLOTS
         self._slots = Limiter(initial)
         self._group_slots = Limiter(group_slots(initial, config.n_samples_per_prompt))
-        self._prompt_tokens = [0, 0]  # tokens and number of the prompts started: their mean sizes a request
-        self._capacity_known = True  # False once the router turned out not to report capacities
+        # Tokens and number of the prompts started: their mean sizes a request.
+        self._prompt_tokens_started = 0
+        self._prompts_started = 0
+        # False when the router has no engine_capacities handler (a stand-in in tests, plug-ins).
+        self._capacity_known = router is not None and router.handles("engine_capacities")
         self._counters: Counter[str] = Counter()
         self._window = _Window()
         self._next_group_index = 0
@@ -193,7 +196,7 @@ class RolloutActor(Actor):
 
     # ----- production ----------------------------------------------------------------------------
     async def _produce(self) -> None:
-        await self._update_concurrency()
+        await self._update_concurrency(first=True)
         while True:
             waited = self.ctx.trace.now()
             await self.buffer.ask("reserve", timeout=None)
@@ -219,8 +222,8 @@ class RolloutActor(Actor):
             group_index = self._next_group_index
             self._next_group_index += 1
             self._in_flight_prompts[group_index] = prompt
-            self._prompt_tokens[0] += len(getattr(prompt, "prompt_ids", ()) or ())
-            self._prompt_tokens[1] += 1
+            self._prompt_tokens_started += len(getattr(prompt, "prompt_ids", ()) or ())
+            self._prompts_started += 1
             task = self.spawn(self._run_group(prompt, attempts, group_index), name="rollout:group")
             task.add_done_callback(lambda _: self._group_slots.release())
 
@@ -229,22 +232,25 @@ class RolloutActor(Actor):
             await asyncio.sleep(CAPACITY_INTERVAL)
             await self._update_concurrency()
 
-    async def _update_concurrency(self) -> None:
+    async def _update_concurrency(self, first: bool = False) -> None:
         """Size the generation and group slots to what the engines hold at once (capped by
-        --rollout-concurrency); a router that reports no capacities leaves them as they are."""
+        --rollout-concurrency); a router that reports no capacities leaves them as they are.
+        ``first``: wait for the router's first reads (bounded), so that the start is the same
+        every run, and log the limit even if it is the initial one."""
         if not self._capacity_known:
+            if first:
+                log.info("rollout: %d generations in flight at most (the router reports no capacities)",
+                         self._slots.limit)
             return
-        try:
-            capacities = await self.ctx.router.ask("engine_capacities")
-        except AttributeError:  # a stand-in router (tests, plug-ins) without the handler
-            self._capacity_known = False
-            return
-        tokens, prompts = self._prompt_tokens
-        per_request = (tokens // prompts if prompts else 0) + self.config.rollout_max_response_len
+        # The router's own reads are bounded by --router-health-timeout; None: wait for them.
+        capacities = await self.ctx.router.ask("engine_capacities", wait_for_first_read=first,
+                                                timeout=None if first else 60.0)
+        prompts = self._prompts_started
+        per_request = (self._prompt_tokens_started // prompts if prompts else 0) + self.config.rollout_max_response_len
         limit = rollout_concurrency(capacities, per_request, cap=self.config.rollout_concurrency)
-        if limit != self._slots.limit:
-            log.info("rollout: %d generations in flight at most (engines' capacity%s)", limit,
-                     f", capped by --rollout-concurrency {self.config.rollout_concurrency}"
+        if first or limit != self._slots.limit:
+            log.info("rollout: %d generations in flight at most (%s x the engines' slots%s)", limit,
+                     OVERSUBSCRIPTION, f", capped by --rollout-concurrency {self.config.rollout_concurrency}"
                      if self.config.rollout_concurrency is not None else "")
         self._slots.resize(limit)
         self._group_slots.resize(group_slots(limit, self.config.n_samples_per_prompt))

@@ -69,16 +69,19 @@ _SLIME_FIXED: dict[str, Any] = {
 }
 
 
-def slime_settings(config: RolloutConfig, run_settings: Mapping[str, Any] | None, *, tokenizer: Any) -> dict[str, Any]:
+def slime_settings(config: RolloutConfig, run_settings: Mapping[str, Any] | None, *, tokenizer: Any,
+                   concurrency: int | None = None) -> dict[str, Any]:
     """slime's ``args`` values: the run's settings (or the rollout section's), slime's derived
-    names, then --custom-config-path's entries, which win as in slime."""
+    names, then --custom-config-path's entries, which win as in slime. ``concurrency``: the
+    rollout's current limit of generations in flight (slime's sglang_server_concurrency)."""
     values: dict[str, Any] = dict(run_settings) if run_settings is not None else {
         f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     for name, value in _SLIME_FIXED.items():
         values.setdefault(name, value)
     values.setdefault("hf_checkpoint", getattr(tokenizer, "name_or_path", None))
-    # Unset, the rollout follows the engines; slime's own default stands in for plug-ins that read it.
-    values.setdefault("sglang_server_concurrency", config.rollout_concurrency or 512)
+    # The limit the rollout derived from the engines when args was built (its first hook call);
+    # without one, the explicit cap or slime's own default.
+    values.setdefault("sglang_server_concurrency", concurrency or config.rollout_concurrency or 512)
     values.setdefault("eval_max_context_len", config.rollout_max_context_len)
     values.setdefault("eval_prompt_data", config.eval_prompt_data)
     values.update(config.plugin_settings())
@@ -103,16 +106,20 @@ def builtin_reward(rm_type: str, response: str, label: Any) -> float:
 class SlimePlugins:
     """Wraps slime-style hooks into native ones; native hooks pass through unchanged."""
 
-    def __init__(self, config: RolloutConfig, ctx: Any, run_settings: Mapping[str, Any] | None = None):
+    def __init__(self, config: RolloutConfig, ctx: Any, run_settings: Mapping[str, Any] | None = None,
+                 concurrency: Callable[[], int] | None = None):
+        """``concurrency`` reads the rollout's current limit of generations in flight."""
         self.config = config
         self.ctx = ctx
         self._run_settings = run_settings
+        self._concurrency = concurrency
         self._args: SlimeArgs | None = None
 
     @property
     def args(self) -> SlimeArgs:
         if self._args is None:
-            values = slime_settings(self.config, self._run_settings, tokenizer=self.ctx.tokenizer)
+            values = slime_settings(self.config, self._run_settings, tokenizer=self.ctx.tokenizer,
+                                    concurrency=self._concurrency() if self._concurrency else None)
             address, unavailable = _router_address(getattr(self.ctx, "router_url", None))
             values.update(address)
             services = CompatServices(tokenizer=self.ctx.tokenizer, builtin_reward=builtin_reward)

@@ -17,7 +17,9 @@ health and load, the session table) and does the I/O around it:
   pauses them with their KV (SGLang ``pause_generation`` mode in_place) and ``resume`` continues
   them on the new weights.
 - ``engine_capacities`` reports what each engine can hold at once (``/server_info``, read when
-  it is admitted), from which the rollout sizes its concurrency (``policies.concurrency``).
+  it is admitted), from which the rollout sizes its concurrency (``policies.concurrency``);
+  with ``wait_for_first_read`` it answers once the start's reads are in (each bounded by
+  ``--router-health-timeout``), so that the rollout's first limit does not depend on timing.
 
 Concurrency: handlers run one at a time in the mailbox; request tasks (``defer``) and the
 loops mutate state only in the synchronous stretches between their awaits, which the
@@ -96,6 +98,7 @@ class RouterActor(Actor):
         self._http: aiohttp.ClientSession | None = None
         self._front = HttpFront(config, model) if model is not None else None
         self._trace = trace or TraceRecorder.off()
+        self._first_capacities: asyncio.Task | None = None  # the start's /server_info reads
 
     # ----- lifecycle -------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -103,7 +106,8 @@ class RouterActor(Actor):
         for url in self._initial_urls:
             self._add(url, Health.UP)
         # In the background: an engine slow to answer must not hold up the start (unknown meanwhile).
-        self.spawn(self._read_capacities(list(self._engines.values())), name=f"{self.name}:capacities")
+        self._first_capacities = self.spawn(self._read_capacities(list(self._engines.values())),
+                                            name=f"{self.name}:capacities")
         self.spawn(self._health_loop(), name=f"{self.name}:health")
         if self.config.router_load_interval > 0:
             self.spawn(self._load_loop(), name=f"{self.name}:loads")
@@ -215,9 +219,19 @@ class RouterActor(Actor):
         """Every engine: url, state (up / down / stale / paused), load and counters."""
         return [engine.describe() for engine in self._engines.values()]
 
-    def engine_capacities(self) -> list[EngineCapacity | None]:
+    def engine_capacities(self, wait_for_first_read: bool = False) -> list[EngineCapacity | None] | Deferred:
         """What each engine not marked down can hold at once (None: not known yet); paused and
-        stale ones count, they are back after a sync."""
+        stale ones count, they are back after a sync. ``wait_for_first_read``: answer once the
+        start's reads have finished (bounded: each read times out after --router-health-timeout)."""
+        if wait_for_first_read and self._first_capacities is not None and not self._first_capacities.done():
+            return self.defer(self._capacities_after_first_read())
+        return self._capacities()
+
+    async def _capacities_after_first_read(self) -> list[EngineCapacity | None]:
+        await asyncio.shield(self._first_capacities)
+        return self._capacities()
+
+    def _capacities(self) -> list[EngineCapacity | None]:
         return [engine.capacity for engine in self._engines.values() if engine.health is not Health.DOWN]
 
     def metrics(self) -> dict[str, float]:
@@ -269,7 +283,7 @@ class RouterActor(Actor):
             engine = self._pick(session_id) or await self._wait_for_engine(session_id)
             engine.in_flight += 1
             sent, response = self._trace.now(), None
-            pauses_before = len(engine.in_place_pause_versions)
+            pauses_before, version_at_send = engine.in_place_pauses, engine.weight_version
             try:
                 response = await self._send(engine, input_ids, sampling_params, rid, return_logprob)
             except EngineConnectionError as error:
@@ -293,8 +307,8 @@ class RouterActor(Actor):
                 self._trace_request(engine, sent, len(input_ids), response, trace_args)
                 if engine.paused:
                     self._notify()  # a pause may be waiting for this engine to go quiet
-            if len(engine.in_place_pause_versions) > pauses_before:
-                _label_in_place_span(response, engine.in_place_pause_versions[pauses_before])
+            if engine.in_place_pauses > pauses_before:
+                _label_in_place_span(response, version_at_send or engine.last_in_place_pause_version)
             self._record(engine, response)
             response["engine_url"] = engine.url
             return response
@@ -432,11 +446,19 @@ class RouterActor(Actor):
             self._mark_down(engine, f"in-place pause failed: {error}")
             return
         engine.paused_in_place = True
-        engine.in_place_pause_versions.append(str(version))
+        engine.in_place_pauses += 1
+        engine.last_in_place_pause_version = str(version)
 
-    async def _continue(self, engine: EngineState) -> None:
+    async def _continue(self, engine: EngineState) -> bool:
+        """Continue an engine paused in place; one that refuses is taken down (see _take_down):
+        its requests would otherwise wait on it forever while it passes every version check."""
+        try:
+            await engine.client.continue_generation(timeout=self.config.router_health_timeout)
+        except EngineError as error:
+            self._take_down(engine, f"continue_generation failed: {error}")
+            return False
         engine.paused_in_place = False
-        await engine.client.continue_generation(timeout=self.config.router_health_timeout)
+        return True
 
     async def _abort_all(self, engine: EngineState) -> None:
         try:
@@ -447,11 +469,7 @@ class RouterActor(Actor):
 
     async def _confirm(self, targets: list[EngineState], check_version: bool) -> dict[str, str]:
         # Engines paused in place continue their requests first (on the weights now loaded).
-        continued = await asyncio.gather(*(self._continue(e) for e in targets if e.paused_in_place),
-                                         return_exceptions=True)
-        for error in continued:
-            if isinstance(error, BaseException):
-                log.warning("router: continue_generation failed: %s", error)
+        await asyncio.gather(*(self._continue(e) for e in targets if e.paused_in_place))
         versions = await asyncio.gather(
             *(self._weight_version(engine) for engine in targets if check_version), return_exceptions=True
         )
@@ -460,6 +478,8 @@ class RouterActor(Actor):
             if not check_version:
                 continue
             version = versions[index]
+            if engine.paused_in_place:
+                continue  # its continue failed: down until the health loop gets it to continue
             if isinstance(version, BaseException):
                 self._mark_down(engine, f"weight version check failed: {version}")
             elif version != self._expected_version:
@@ -481,15 +501,15 @@ class RouterActor(Actor):
             await asyncio.gather(*(self._check(engine) for engine in checked))
 
     async def _check(self, engine: EngineState) -> None:
+        if engine.paused_in_place and not await self._continue(engine):
+            return  # its continue after a sync failed again: down (a paused engine fails health checks anyway)
         ok = await engine.client.health_generate(timeout=self.config.router_health_timeout)
         if engine.paused or self._engines.get(engine.url) is not engine:
             return  # paused or removed meanwhile: the answer no longer matters
         if not ok:
             engine.health_failures += 1
             if engine.health is Health.UP and engine.health_failures >= self.config.router_health_failures:
-                self._mark_down(engine, f"{engine.health_failures} failed health checks")
-                for call in list(engine.calls):  # they would wait for a hung engine forever
-                    call.cancel()
+                self._take_down(engine, f"{engine.health_failures} failed health checks")
             return
         engine.health_failures = 0
         if engine.health is not Health.UP:
@@ -589,6 +609,13 @@ class RouterActor(Actor):
             self._counters["engine_down"] += 1
         engine.health = Health.DOWN
         engine.down_reason = reason
+
+    def _take_down(self, engine: EngineState, reason: str) -> None:
+        """Mark down and abandon its calls (they fail over): a hung or paused engine would hold
+        them forever."""
+        self._mark_down(engine, reason)
+        for call in list(engine.calls):
+            call.cancel()
 
     def _mark_stale(self, engine: EngineState, version: str | None) -> None:
         if engine.health is not Health.STALE:

@@ -32,11 +32,14 @@ class EngineState:
     loads_supported: bool = True  # False once /v1/loads answered 404
     weight_version: str | None = None  # last one seen (response or version check)
     down_reason: str = ""
-    # In-place syncs (pause mode in_place): the engine itself holds its running requests; the
-    # version it served before each such pause, oldest first, labels the tokens of a request
-    # that ran across one when the engine cannot say which tokens came before it (SGLang).
+    # In-place syncs (pause mode in_place): the engine itself holds its running requests. A
+    # request that ran across one (the count moved while it ran) has its tokens labelled with
+    # the version before the first such pause when the engine cannot say which tokens came
+    # before it (SGLang): the version seen when it was sent, else the last pause's.
+    # paused_in_place stays True until continue_generation succeeded (the health loop retries it).
     paused_in_place: bool = False
-    in_place_pause_versions: list[str] = field(default_factory=list)
+    in_place_pauses: int = 0
+    last_in_place_pause_version: str | None = None
     # What it can hold at once (/server_info), read when it is admitted: None until then.
     capacity: EngineCapacity | None = None
     # cumulative counters (metrics)

@@ -5,8 +5,10 @@ import pytest
 
 from actors.router.engine_state import reported_capacity
 from policies.concurrency import (
+    OVERSUBSCRIPTION,
     UNKNOWN_ENGINE_SLOTS,
     EngineCapacity,
+    engine_in_flight,
     engine_slots,
     group_slots,
     rollout_concurrency,
@@ -30,11 +32,26 @@ def test_an_engine_that_reports_one_limit_is_held_to_it_and_one_that_reports_non
     assert engine_slots(None, 128) == 64
 
 
-def test_the_concurrency_is_the_engines_slots_summed_and_capped():
-    engines = [EngineCapacity(32, 1000), EngineCapacity(32, 100_000), None]  # 7 + 32 + 64
-    assert rollout_concurrency(engines, 128) == 103
+def test_an_engine_that_reports_a_limit_gets_twice_its_slots_in_flight_and_an_unknown_one_the_old_64():
+    assert OVERSUBSCRIPTION == 2
+    assert engine_in_flight(EngineCapacity(32, 1000), 128) == 14  # 2 x 7
+    assert engine_in_flight(EngineCapacity(max_running_requests=5), 128) == 10
+    assert engine_in_flight(EngineCapacity(), 128) == 64
+    assert engine_in_flight(None, 128) == 64
+
+
+def test_the_concurrency_is_twice_the_known_engines_slots_summed_and_capped():
+    engines = [EngineCapacity(32, 1000), EngineCapacity(32, 100_000), None]  # 2 x 7 + 2 x 32 + 64
+    assert rollout_concurrency(engines, 128) == 142
     assert rollout_concurrency(engines, 128, cap=50) == 50
-    assert rollout_concurrency(engines, 128, cap=500) == 103
+    assert rollout_concurrency(engines, 128, cap=500) == 142
+
+
+def test_the_quick_starts_cpu_engine_gets_64_in_flight_eight_groups_of_eight():
+    # The CPU engine's defaults: 32 running, 65536 KV tokens; a request of ~40 prompt + 8 new tokens.
+    limit = rollout_concurrency([EngineCapacity(32, 65536)], 48)
+    assert limit == 64
+    assert group_slots(limit, 8) == 8
 
 
 def test_with_no_engine_the_concurrency_is_one():
