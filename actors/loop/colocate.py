@@ -53,11 +53,11 @@ class Colocation:
     release_retry_s: float = 15.0
     _released: bool = field(default=False, init=False)  # the engines' memory is released
     _metrics: dict[str, float] = field(default_factory=dict, init=False)
-    phases: list[str] = field(default_factory=list, init=False)  # every phase run, in order (tests read it)
 
     async def start(self) -> None:
         """Before the first rollout: the trainer's state leaves the devices the engines generate on."""
-        await self._phase("offload", self.trainer.ask("offload", ["optimizer", "grads", "params"], timeout=self.timeout))
+        await self._phase("offload", self.trainer.ask("offload", ["optimizer", "grads", "params"],
+                                                      timeout=self.timeout))
 
     async def to_trainer(self) -> dict[str, float]:
         """After a rollout: the engines free the devices and the trainer takes them; the step's
@@ -78,23 +78,23 @@ class Colocation:
     async def update_weights(self, clients: Sequence[EngineClient], version: int) -> int:
         """After training: the new weights into every engine's resumed memory; returns buckets sent."""
         started = time.monotonic()
-        offload = await self._phase("offload", self.trainer.ask("offload", ["optimizer", "grads"], timeout=self.timeout))
+        offload = await self._phase("offload", self.trainer.ask("offload", ["optimizer", "grads"],
+                                                                timeout=self.timeout))
         if self._released:
-            await self._phase("resume_weights", self._on_engines(
-                clients, "resume_memory_occupation", [c.resume_memory_occupation(["weights"], timeout=self.timeout) for c in clients]))
+            await self._phase("resume_weights", self._on_engines(clients, "resume_memory_occupation", [
+                c.resume_memory_occupation(["weights"], timeout=self.timeout) for c in clients]))
         update_started = time.monotonic()
         try:
             buckets = await self._send_buckets(clients, str(version))
         finally:
             await self.trainer.ask("end_tensor_export", timeout=self.timeout)
         update = time.monotonic() - update_started
-        self.phases.append("update_weights_from_tensor")
         log.info("colocate: update_weights_from_tensor v%d: %d bucket(s) to %d engine(s) (%.2f s)",
                  version, buckets, len(clients), update)
         offload += await self._phase("offload", self.trainer.ask("offload", ["params"], timeout=self.timeout))
         if self._released:
-            await self._phase("resume_kv_cache", self._on_engines(
-                clients, "resume_memory_occupation", [c.resume_memory_occupation(AFTER_UPDATE, timeout=self.timeout) for c in clients]))
+            await self._phase("resume_kv_cache", self._on_engines(clients, "resume_memory_occupation", [
+                c.resume_memory_occupation(AFTER_UPDATE, timeout=self.timeout) for c in clients]))
             self._released = False
         engine_memory = await _engine_memory(clients[0]) if clients else {}
         self._metrics = {"perf/offload_time": offload, "perf/weight_update_time": update,
@@ -162,7 +162,8 @@ class Colocation:
             if payloads is None:
                 return sent
             await self._on_engines(clients, f"update_weights_from_tensor (bucket {sent + 1})", [
-                c.update_weights_from_tensor([payloads[r] for r in workers], weight_version=version, timeout=self.timeout)
+                c.update_weights_from_tensor([payloads[r] for r in workers], weight_version=version,
+                                             timeout=self.timeout)
                 for c, workers in zip(clients, layout)])
             sent += 1
 
@@ -178,7 +179,6 @@ class Colocation:
         started = time.monotonic()
         result = await work
         seconds = float(result) if isinstance(result, (int, float)) else time.monotonic() - started
-        self.phases.append(name)
         log.info("colocate: %s (%.3f s)", name, seconds)
         return seconds
 

@@ -20,16 +20,19 @@ class LoopConfig:
         "sync: generate, train, sync weights; one-step-off: generate step N+1 while training N; "
         "fully-async: rollout never waits for training, bounded by --max-staleness"))
     update_weights_interval: int = field(default=1, metadata=_help("sync weights to engines every N training steps"))
-    update_weight_transport: WeightTransport = field(default="disk", metadata=_help(
-        "disk: the trainer writes an HF checkpoint every engine loads; distributed: trainer rank 0 "
-        "broadcasts buckets (gloo to CPU engines, NCCL to GPU engines); delta: each engine gets only "
-        "what changed since the version it holds, compressed and checksummed, over HTTP (remote engines "
-        "on slow links; a full transfer after an engine restart); tensor: --colocate only, SGLang's "
+    # None: unset, resolved to disk (tensor with --colocate) by RunConfig.resolve, so that an
+    # explicit choice is never overridden.
+    update_weight_transport: WeightTransport | None = field(default=None, metadata=_help(
+        "default disk (tensor with --colocate). disk: the trainer writes an HF checkpoint every engine "
+        "loads; distributed: trainer rank 0 broadcasts buckets (gloo to CPU engines, NCCL to GPU "
+        "engines); delta: each engine gets only what changed since the version it holds, compressed "
+        "and checksummed, over HTTP (remote engines on slow links; a full transfer after an engine "
+        "restart); tensor: --colocate only, SGLang's "
         "update_weights_from_tensor with IPC handles (CUDA IPC on GPU, shared memory on CPU)"))
     colocate: bool = field(default=False, metadata=_help(
         "trainer and engines time-share the same devices (slime's flag): engines release their memory while "
         "the trainer trains, the trainer offloads while they generate, weights move by --update-weight-transport "
-        "tensor (the default disk becomes tensor); sync and one-step-off modes"))
+        "tensor (its default there); sync and one-step-off modes, --weight-update-mode abort"))
     update_weight_delta_receivers: str | None = field(default=None, metadata=_help(
         "delta transport: ENGINE_URL=RECEIVER_URL pairs, comma-separated, for engines whose receiver "
         "runs beside them (SGLang: python -m actors.engine.delta_receiver); an engine not named is its "
@@ -44,10 +47,12 @@ class LoopConfig:
         "seconds each part of a weight sync may take: the trainer's export, an engine's load, the router's "
         "abort and confirmation (a pause's drain is not limited)"))
     debug_rollout_only: bool = field(default=False, metadata=_help("generate and score, never train"))
-    debug_train_only: bool = field(default=False, metadata=_help("train on rollouts replayed from --load-debug-rollout-data"))
+    debug_train_only: bool = field(default=False, metadata=_help(
+        "train on rollouts replayed from --load-debug-rollout-data"))
     save_debug_rollout_data: str | None = field(default=None, metadata=_help(
         "dump every training batch of samples here (JSONL per step) for --debug-train-only"))
-    load_debug_rollout_data: str | None = field(default=None, metadata=_help("replay rollouts dumped by --save-debug-rollout-data"))
+    load_debug_rollout_data: str | None = field(default=None, metadata=_help(
+        "replay rollouts dumped by --save-debug-rollout-data"))
 
     def validate(self) -> None:
         if self.update_weights_interval <= 0:
@@ -71,6 +76,12 @@ class LoopConfig:
             raise ValueError(f"--colocate with --update-weight-transport {self.update_weight_transport}: colocated "
                              "weights move by IPC handles on the shared devices (an NCCL group cannot span one GPU "
                              "twice); use --update-weight-transport tensor (the default with --colocate)")
+        if self.update_weight_transport == "disk":
+            raise ValueError("--colocate with --update-weight-transport disk: the engines load the weights the trainer "
+                             "holds on the shared devices; use --update-weight-transport tensor (the default)")
+        if self.weight_update_mode != "abort":
+            raise ValueError(f"--colocate with --weight-update-mode {self.weight_update_mode}: the engines release "
+                             "their memory after every rollout, so requests in flight are aborted; use abort")
         if self.update_weights_interval != 1:
             raise ValueError(f"--colocate with --update-weights-interval {self.update_weights_interval}: the engines "
                              "release their weights for every training step, so they must get them back after each")

@@ -140,8 +140,9 @@ class RunConfig:
                             use_reference=self.trainer.use_reference or needs_reference(self.algorithm)),
             router=replace(self.router, router_request_timeout=(
                 self.engine.engine_request_timeout if router_timeout is None else router_timeout)),
-            # Colocated weights move by IPC handles: the default transport (disk) becomes tensor.
-            train=replace(train, update_weight_transport="tensor") if train.colocate else train,
+            # Unset: disk, or IPC handles (tensor) for colocated weights; an explicit choice stays.
+            train=replace(train, update_weight_transport=train.update_weight_transport or (
+                "tensor" if train.colocate else "disk")),
         )
 
     @property

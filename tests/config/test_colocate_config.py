@@ -32,6 +32,10 @@ def test_colocate_moves_weights_by_tensor_handles(mode):
     (["--engine-type", "external", "--rollout-external-engine-addrs", "http://h:1"],
      r"--colocate with --engine-type external"),
     (["--advantage-estimator", "ppo"], r"--colocate with --advantage-estimator ppo"),
+    # An explicit disk is refused, not silently replaced by tensor.
+    (["--update-weight-transport", "disk"], r"--colocate with --update-weight-transport disk"),
+    (["--weight-update-mode", "in_place"], r"--colocate with --weight-update-mode in_place: .* use abort"),
+    (["--weight-update-mode", "pause"], r"--colocate with --weight-update-mode pause"),
     (["--engine-type", "sglang"], r"needs --sglang-enable-memory-saver"),
     ([*SGLANG, "--rollout-num-gpus", "2"], r"the trainer's GPUs \(--actor-num-gpus-per-node × --actor-num-nodes = 1\) "
                                            r"must be the engines' \(--rollout-num-gpus 2\)"),
@@ -47,6 +51,12 @@ def test_pipeline_stages_are_refused_they_lack_the_full_weights():
                      trainer=TrainerConfig(hf_checkpoint="model/", megatron={"pipeline_model_parallel_size": 2}))
     with pytest.raises(ValueError, match="--colocate with --pipeline-model-parallel-size 2"):
         config.validate()
+
+
+def test_the_transport_left_unset_is_disk_without_colocate_and_the_resolved_config_loads_back():
+    config = parse_run_config([*REQUIRED[:-1], "--engine-type", "cpu"])
+    assert config.train.update_weight_transport == "disk"
+    assert config.resolve() == config
 
 
 def test_the_tensor_transport_without_colocate_is_refused():
