@@ -118,7 +118,10 @@ class BufferActor(Actor):
         super().__init__(name)
         if groups_per_step <= 0:
             raise ValueError(f"groups_per_step must be > 0, got {groups_per_step}")
-        self.capacity = config.buffer_capacity or default_capacity(config.max_staleness, groups_per_step)
+        if config.buffer_capacity is None:
+            # Resolved once, in RunConfig.resolved() (default_capacity); a buffer built by hand says its size.
+            raise ValueError("BufferActor: buffer_capacity must be set (RunConfig.resolved() fills it in)")
+        self.capacity = config.buffer_capacity
         self.max_staleness = config.max_staleness
         self.mask_offpolicy = config.mask_offpolicy_in_partial_rollout
         self.order = config.buffer_order

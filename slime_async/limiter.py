@@ -13,24 +13,31 @@ from collections import deque
 
 
 class Limiter:
-    def __init__(self, limit: int):
+    """Up to ``limit`` holders at once; waiters are served first come, first served."""
+
+    def __init__(self, limit: int) -> None:
         self._limit = _checked(limit)
         self._held = 0
         self._waiters: deque[asyncio.Future] = deque()
 
     @property
     def limit(self) -> int:
+        """The current number of holders allowed at once."""
         return self._limit
 
     @property
     def held(self) -> int:
+        """Slots held now (above ``limit`` for a while after a shrink)."""
         return self._held
 
     def resize(self, limit: int) -> None:
+        """Change the limit (>= 1); a larger one admits waiters at once, a smaller one takes
+        nothing from holders."""
         self._limit = _checked(limit)
         self._wake()
 
     async def acquire(self) -> None:
+        """Wait for a slot and take it; cancelled while waiting, it holds nothing."""
         if self._held < self._limit and not self._waiters:
             self._held += 1
             return
@@ -44,6 +51,7 @@ class Limiter:
             raise
 
     def release(self) -> None:
+        """Give one slot back (and admit the next waiter if the limit allows)."""
         if self._held <= 0:
             raise RuntimeError("Limiter.release without a matching acquire")
         self._held -= 1

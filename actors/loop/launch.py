@@ -60,7 +60,8 @@ def run_train(config: RunConfig) -> int:
     # Absolute: the trainer's torchrun and the engines run in other directories than the user's.
     run_dir = Path(config.cluster.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=config.cluster.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=config.cluster.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print_config(config)
     dump_config(config, run_dir / "config.yaml")
     use_uvloop = None if config.cluster.event_loop == "auto" else config.cluster.event_loop == "uvloop"
@@ -187,7 +188,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         sync = None
         if trainer is not None:
             sync = WeightSync(trainer, child("router"), config.train.update_weight_transport,
-                              config.train.weight_update_mode, run_dir / "weights", api_key=config.engine.engine_api_key,
+                              config.train.weight_update_mode, run_dir / "weights",
+                              api_key=config.engine.engine_api_key,
                               timeout=config.train.weight_update_timeout,
                               delta_receivers=fleet.delta_receivers | config.train.delta_receivers(),
                               export_dir_check=export_dir_check(cluster, fleet, trainer, run_dir / "weights"),

@@ -3,12 +3,12 @@
 A producer task asks the buffer to ``reserve`` a slot before it starts each prompt group; the
 buffer answers only when one more group keeps the staleness bound and fits its capacity, which
 is all the pacing the three training modes need (sync = bound 0, one-step-off = 1, fully-async
-= ``--max-staleness``). Each group's samples are generated concurrently, at most the engines'
-capacity in flight (``policies.concurrency``: twice the engines' slots, re-read from the router
-every second so that engines joining or leaving count; ``--rollout-concurrency`` caps it), scored,
-filtered by the dynamic-sampling hook, then ``put`` into the buffer — or the reservation is cancelled and the drop counted. Once the
-prompts are exhausted and the last group in flight is settled, the producer tells the buffer
-``end_of_data``, which answers the trainer's waiting ``get``.
+= ``--max-staleness``). Each group's samples are generated concurrently, at most twice the
+engines' capacity in flight (``policies.concurrency``, re-read from the router every second so
+that engines joining or leaving count; ``--rollout-concurrency`` caps it), scored, filtered by
+the dynamic-sampling hook, then ``put`` into the buffer — or the reservation is cancelled and
+the drop counted. Once the prompts are exhausted and the last group in flight is settled, the
+producer tells the buffer ``end_of_data``, which answers the trainer's waiting ``get``.
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ class RolloutConfig:
     rollout_top_k: int = field(default=-1, metadata=_help("top-k sampling; -1 = off"))
     rollout_stop_token_ids: list[int] | None = field(default=None, metadata=_help("extra stop token ids"))
     rollout_concurrency: int | None = field(default=None, metadata=_help(
-        "max generations in flight; unset: what the engines hold at once, summed over the engines the "
-        "router can send to (each min(max_running_requests, max_total_num_tokens // (mean prompt tokens + "
+        "max generations in flight; unset: twice what the engines hold at once (so that they stay full "
+        "while groups finish their last samples and are scored), summed over the engines the router can "
+        "send to (each 2 x min(max_running_requests, max_total_num_tokens // (mean prompt tokens + "
         "--rollout-max-response-len)) from its /server_info; 64 for one that reports neither), "
         "following engines that join or leave; set: a cap on that"))
     # --- hooks

@@ -88,3 +88,10 @@ def test_a_name_outside_the_rollout_section_says_the_run_config_was_not_given():
     args = SlimePlugins(RolloutConfig(), Ctx()).args
     with pytest.raises(AttributeError, match="args.max_tokens_per_gpu: not among the rollout section's settings"):
         args.max_tokens_per_gpu
+
+
+def test_sglang_server_concurrency_is_the_rollouts_derived_limit_else_the_cap_else_slimes_512(tokenizer):
+    config = RolloutConfig()
+    assert SlimePlugins(config, Ctx(tokenizer), concurrency=lambda: 64).args.sglang_server_concurrency == 64
+    assert SlimePlugins(RolloutConfig(rollout_concurrency=8), Ctx(tokenizer)).args.sglang_server_concurrency == 8
+    assert SlimePlugins(config, Ctx(tokenizer)).args.sglang_server_concurrency == 512

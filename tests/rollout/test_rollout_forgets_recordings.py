@@ -1,14 +1,17 @@
-"""A hook that fails after opening a trajectory session leaves no recording in the router's front."""
+"""A hook that fails after opening a trajectory session leaves no recording in the router's front; a
+broken router capacity handler fails the rollout, a missing one leaves its limit."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from actors.buffer import BufferActor, BufferConfig
 from actors.rollout.actor import RolloutActor
 from actors.rollout.config import RolloutConfig
 from actors.rollout.data import Prompt
-from slime_async.actor import Actor, spawn
+from slime_async.actor import Actor, ActorFailed, spawn
 
 
 async def agent_that_fails_midway(ctx, sample, sampling_params):
@@ -55,3 +58,39 @@ async def test_the_sessions_a_failed_group_opened_are_ended():
     finally:
         for ref in (rollout, buffer, router):
             await ref.stop()
+
+
+class BrokenCapacityRouter(Actor):
+    name = "router"
+
+    def engine_capacities(self, wait_for_first_read: bool = False) -> list:
+        raise AttributeError("a bug inside the router's handler")
+
+
+class NoCapacityRouter(Actor):
+    name = "router"
+
+
+async def test_an_attribute_error_inside_the_routers_capacity_handler_fails_the_rollout_instead_of_being_ignored():
+    router = await spawn(BrokenCapacityRouter())
+    buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=4), groups_per_step=1))
+    config = RolloutConfig(prompt_data="unused.jsonl", rollout_batch_size=1, n_samples_per_prompt=2)
+    rollout = await spawn(RolloutActor(config, router=router, buffer=buffer, dataset=OnePrompt(), tokenizer=None))
+    try:
+        rollout.tell("start")
+        with pytest.raises(ActorFailed, match="a bug inside the router's handler"):
+            async with asyncio.timeout(10):
+                await rollout.wait()
+    finally:
+        for ref in (rollout, buffer, router):
+            await ref.stop()
+
+
+async def test_a_router_without_the_capacity_handler_leaves_the_initial_limit():
+    router = await spawn(NoCapacityRouter())
+    rollout = RolloutActor(RolloutConfig(rollout_concurrency=12), router=router, buffer=None, dataset=None,
+                           tokenizer=None)
+    try:
+        assert not rollout._capacity_known and rollout._slots.limit == 12
+    finally:
+        await router.stop()
