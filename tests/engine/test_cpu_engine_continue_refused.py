@@ -50,8 +50,13 @@ async def proxy(engine_url: str) -> AsyncIterator[RefusingProxy]:
         yield proxy
     finally:
         await runner.cleanup()
-        async with aiohttp.ClientSession() as http, http.post(engine_url + "/continue_generation") as resp:
-            assert resp.status == 200  # the shared engine runs again whatever happened above
+        # The shared engine runs again whatever happened above, without the abandoned request
+        # (it would take a slot from the next test).
+        async with aiohttp.ClientSession() as http:
+            async with http.post(engine_url + "/continue_generation") as resp:
+                assert resp.status == 200
+            async with http.post(engine_url + "/abort_request", json={"abort_all": True}) as resp:
+                assert resp.status == 200
 
 
 async def decode_steps(url: str) -> int:
