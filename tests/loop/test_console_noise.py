@@ -32,7 +32,7 @@ class _Models(BaseHTTPRequestHandler):
 @pytest.fixture
 def models_server() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     server.shutdown()
     server.server_close()
