@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Search-R1-style agent on CPU: corpus + questions, tiny model with a tokenizer trained on the
-# task's text, a short SFT warm start on search traces, then fully-async GRPO with the search hook.
+X
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 bash .ci/setup-venv
