@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Search-R1-style agent on CPU: corpus + questions, tiny model with a tokenizer trained on the
-X
+# task's text, a short SFT warm start on search traces, then synchronous GRPO with the search hook.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 bash .ci/setup-venv
