@@ -88,6 +88,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def single_rank_megatron():
+    """A one-process gloo world with Megatron's parallel state, torn down after the module."""
+    import torch.distributed as dist
+
+    from actors.trainer.cpu_compat import apply_cpu_compat
+    from actors.trainer.parallel import destroy_model_parallel, init_model_parallel
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    init_model_parallel(tensor_parallel_size=1)
+    apply_cpu_compat()
+    yield
+    destroy_model_parallel()
+
+
 def run_torchrun(script: str, nproc: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run tests/trainer/scripts/<script> under a real ``torchrun`` with ``nproc`` ranks (gloo)."""
     env = {

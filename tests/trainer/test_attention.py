@@ -3,34 +3,19 @@ sequences never attend across their boundaries."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from actors.trainer.attention import SDPAttention, gpt_layer_spec
-from actors.trainer.cpu_compat import apply_cpu_compat
-from actors.trainer.parallel import destroy_model_parallel, init_model_parallel
 
 HEADS, GROUPS, HEAD_DIM = 4, 2, 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_rank_megatron():
-    """A one-process gloo world with Megatron's parallel state, torn down after the module."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    init_model_parallel(tensor_parallel_size=1)
-    apply_cpu_compat()
-    yield
-    destroy_model_parallel()
+pytestmark = pytest.mark.usefixtures("single_rank_megatron")
 
 
 def _config() -> TransformerConfig:

@@ -4,18 +4,14 @@ attention in one call (GQA, padding rows, empty sequences), at TP=1 here and TP=
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from actors.trainer.attention import SDPAttention
 from actors.trainer.config import TrainerConfig
-from actors.trainer.cpu_compat import apply_cpu_compat
 from actors.trainer.fused_logprobs import (
     chunk_tokens_for,
     chunked_vocab_parallel_logprobs,
@@ -25,20 +21,10 @@ from actors.trainer.fused_logprobs import (
 )
 from actors.trainer.kernels import resolve_kernels
 from actors.trainer.logprobs import response_positions, vocab_parallel_logprobs
-from actors.trainer.parallel import destroy_model_parallel, init_model_parallel
 from actors.trainer.varlen import describe_attention
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_rank_megatron():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    init_model_parallel(tensor_parallel_size=1)
-    apply_cpu_compat()
-    yield
-    destroy_model_parallel()
+pytestmark = pytest.mark.usefixtures("single_rank_megatron")
 
 
 def _reference(hidden, weight, targets, hf_vocab, temperature):
