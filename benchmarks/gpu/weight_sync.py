@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from benchmarks.gpu.qwen_shapes import write_random_model  # noqa: E402
+from slime_async.dtypes import dtype_from_name  # noqa: E402
 from slime_async.flat_bucket import nbytes  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -116,7 +117,7 @@ async def measure(args: argparse.Namespace, model_dir: Path, work: Path) -> None
     trainer = await spawn(TrainerActor(config, work / "logs"))
     try:
         buckets = await trainer.ask("weight_metadata", timeout=None)
-        sizes = [nbytes([getattr(torch, m.dtype) for m in bucket], [m.shape for m in bucket]) for bucket in buckets]
+        sizes = [nbytes([dtype_from_name(m.dtype) for m in bucket], [m.shape for m in bucket]) for bucket in buckets]
         total = sum(sizes)
         print(f"{args.shape}: {sum(len(b) for b in buckets)} tensors, {total / 1e9:.3f} GB in {len(buckets)} "
               f"bucket(s) of <= {args.bucket_mb:g} MiB, backend {BACKEND}")
