@@ -332,9 +332,12 @@ class EngineClient:
             payload["rid"] = rid
         return await self._call("POST", "/abort_request", payload, timeout=timeout)
 
-    async def flush_cache(self, *, timeout: float | None = None) -> Any:
-        """`GET /flush_cache`; raises EngineHTTPError (400) when requests are still running."""
-        return await self._call("GET", "/flush_cache", None, timeout=timeout)
+    async def flush_cache(self, *, wait_idle_s: float | None = None, timeout: float | None = None) -> Any:
+        """`GET /flush_cache`; raises EngineHTTPError (400) when requests are still running. With
+        ``wait_idle_s``, SGLang defers the flush until its scheduler is idle (up to that long) and
+        answers then: a barrier for calls that need an idle scheduler."""
+        query = f"?timeout={wait_idle_s:g}" if wait_idle_s else ""
+        return await self._call("GET", f"/flush_cache{query}", None, timeout=timeout)
 
     # ---- weight updates
 

@@ -48,8 +48,9 @@ class Colocation:
     router: ActorRef
     api_key: str | None = None
     timeout: float | None = 300.0
-    # SGLang refuses a release until its scheduler is idle, and requests the router aborted may
-    # still be finishing there: the release is retried this long before the run gives up.
+    # Requests the router aborted may still be finishing in an engine: the run waits this long for
+    # every engine to go idle before it releases, and retries a refused release this long.
+    idle_wait_s: float = 60.0
     release_retry_s: float = 15.0
     _released: bool = field(default=False, init=False)  # the engines' memory is released
     _metrics: dict[str, float] = field(default_factory=dict, init=False)
@@ -127,6 +128,11 @@ class Colocation:
             await self.trainer.ask("offload", ["optimizer", "grads", "params"], timeout=self.timeout)
 
     async def _release_all(self, clients: Sequence[EngineClient]) -> None:
+        # SGLang asserts its scheduler is idle in a release, and a failed assertion there kills the
+        # server; requests the router aborted may still be in its last batch. A deferred flush
+        # answers only once the scheduler is idle, and the paused router sends nothing after it.
+        await self._on_engines(clients, "waiting for idle engines (flush_cache)", [
+            c.flush_cache(wait_idle_s=self.idle_wait_s, timeout=self.timeout) for c in clients])
         deadline, pending = time.monotonic() + self.release_retry_s, list(clients)
         while True:
             results = await asyncio.gather(*(c.release_memory_occupation(ALL_MEMORY, timeout=self.timeout)

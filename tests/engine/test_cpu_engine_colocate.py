@@ -225,10 +225,10 @@ async def colocated(engine, tiny_model_dir):
     router = await spawn(RouterActor(RouterConfig(), [engine]))
     made: list = []
 
-    async def make(bad: int | None = None) -> tuple[Colocation, ActorRef]:
+    async def make(bad: int | None = None, idle_wait_s: float = 60.0) -> tuple[Colocation, ActorRef]:
         trainer = await spawn(_Trainer(_weights(tiny_model_dir, seed=9), bad=bad))
         made.append(trainer)
-        return Colocation(trainer, router, timeout=60.0, release_retry_s=0.0), trainer
+        return Colocation(trainer, router, timeout=60.0, idle_wait_s=idle_wait_s, release_retry_s=0.0), trainer
 
     yield make
     for ref in [*made, router]:
@@ -269,16 +269,43 @@ async def test_a_trainer_gone_after_the_release_leaves_the_engine_refusing_with_
             await _logprobs(client)
 
 
-async def test_an_engine_that_refuses_to_release_keeps_serving_its_weights(engine, colocated):
-    colocation, _ = await colocated()
+async def test_an_engine_that_stays_busy_is_not_released_and_keeps_serving_its_weights(engine, colocated):
+    colocation, _ = await colocated(idle_wait_s=0.05)
     async with EngineClient(engine) as client:
         before = await _logprobs(client)
-        # A request the router does not know of (another client's) keeps the engine busy.
-        busy = asyncio.ensure_future(client.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 96,
-                                                              "ignore_eos": True}))
-        while not (await client.get_loads())["aggregate"]["total_running_reqs"]:
-            await asyncio.sleep(0.01)
-        with pytest.raises(ColocateError, match="release_memory_occupation failed .*needs an idle engine: 1 running"):
+        busy = await _busy(client)
+        with pytest.raises(ColocateError, match=r"waiting for idle engines \(flush_cache\) failed .*Timed out"):
             await colocation.to_trainer()
         await busy
         assert await _logprobs(client) == pytest.approx(before, abs=1e-5)
+
+
+async def _busy(client: EngineClient) -> asyncio.Future:
+    """A request the router does not know of (another client's), running once this returns."""
+    busy = asyncio.ensure_future(client.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 96,
+                                                          "ignore_eos": True}))
+    while not (await client.get_loads())["aggregate"]["total_running_reqs"]:
+        await asyncio.sleep(0.01)
+    return busy
+
+
+async def test_a_deferred_flush_answers_once_the_engine_is_idle_or_times_out(engine):
+    # SGLang's /flush_cache?timeout=T, the idle barrier colocated training releases memory behind.
+    async with EngineClient(engine) as client:
+        busy = await _busy(client)
+        with pytest.raises(EngineHTTPError, match="Timed out waiting for idle state"):
+            await client.flush_cache(wait_idle_s=0.05)
+        await client.flush_cache(wait_idle_s=60)
+        assert (await client.get_loads())["aggregate"]["total_running_reqs"] == 0
+        await busy
+
+
+async def test_the_release_waits_behind_the_idle_barrier(engine, colocated):
+    # SGLang asserts an idle scheduler in a release, and a failed assertion kills the server: the
+    # release must never reach a busy engine. The engine refuses one (a CPU engine survives it).
+    colocation, _ = await colocated()
+    async with EngineClient(engine) as client:
+        busy = await _busy(client)
+        await colocation.to_trainer()  # release_retry_s=0: a release sent while busy raises
+        await busy
+        await client.resume_memory_occupation(["weights", "kv_cache", "cuda_graph"])

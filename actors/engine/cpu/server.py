@@ -301,9 +301,23 @@ class EngineServer:
 
     # ---- control ------------------------------------------------------------------------
 
-    async def flush_cache(self, _request: web.Request) -> web.Response:
+    async def flush_cache(self, request: web.Request) -> web.Response:
         # Unlike a GPU radix cache, flushing here never touches running sequences (they own
-        # their KV), so it is always safe and always performed.
+        # their KV), so it is always safe. ``?timeout=T`` is SGLang's deferred flush: the answer
+        # waits until no request is running or waiting (up to T seconds), which callers use as
+        # an idle barrier (colocated training releases memory after it).
+        try:
+            wait_s = float(request.query.get("timeout", 0.0))
+        except ValueError:
+            return _error(f"flush_cache: timeout must be a number of seconds, got {request.query['timeout']!r}")
+        deadline = time.monotonic() + wait_s
+        while wait_s > 0:
+            loads = await self._control(self.scheduler.loads)
+            if not (loads["num_running_reqs"] or loads["num_waiting_reqs"]):
+                break
+            if time.monotonic() >= deadline:
+                return _error("Timed out waiting for idle state.")
+            await asyncio.sleep(0.01)
         await self._control(self.scheduler.flush_cache)
         return web.Response(text="Cache flushed.\n", status=200)
 
