@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Issue #16's GPU runs: --colocate (trainer and SGLang time-share the GPUs, CUDA-IPC weight
-# updates through update_weights_from_tensor). NOT RUN YET: written in a CPU-only session.
+# updates through update_weights_from_tensor).
 #
 # The host is offline and takes at most 64 MiB per call, so the inputs travel in batches over
 # consecutive calls (each within the 30 s the host stays warm), as smollm2_grpo.sh does:
 #   b1          carry .gpu-wheels/b1                       (../shared/gpu/sglang-wheels.sh .gpu-wheels)
-#   b2          carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b5 (b3: math-verify, aiorwlock; b5: torch_memory_saver 0.0.10, which SGLang's
-#                                                           --enable-memory-saver needs; not in b1/b2)
+#   b2          carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b4 .gpu-wheels/b5 (b3: math-verify,
+#               aiorwlock; b4: bm25s, for agentic_smollm2.sh on the same host; b5: torch_memory_saver
+#               0.0.10, which SGLang's --enable-memory-saver needs; not in b1/b2)
 #   one-gpu     (nvidia-h200) 8 sync GRPO steps colocated on GPU 0, Qwen2.5-0.5B shape (rl_colocate.toml)
 #   gguf-a      carry .gpu-model/a                         (SmolLM2-135M-Instruct's .gguf, first part)
 #   smollm2     carry .gpu-model/b: the same run on SmolLM2-135M-Instruct's real weights (bf16)
@@ -16,7 +17,7 @@
 #               updates (rl_sync_sglang.toml) - the step time to compare with
 # Each run prints per step: |Δlogprob| train vs inference (train/logprob_abs_diff: in sync mode the
 # exactness of the update), each side's peak memory, offload / onload / weight-update seconds and
-# the step time. Results land in $OUT; copy them to benchmarks/gpu/results/.
+# the step time. Each run's files come back as $OUT/NAME.tgz; unpack them into benchmarks/gpu/results/.
 set -uo pipefail
 source benchmarks/gpu/common.sh
 export SLIME_ASYNC_CACHE=/tmp/cache
@@ -28,7 +29,8 @@ max_position_embeddings=4096, tie_word_embeddings=True)" 2>&1 | tail -1
   python3 examples/quickstart/make_task.py --out /tmp/rl/data | tail -1
 }
 
-install() {
+install() {  # once per host (agentic_smollm2.sh run installs the same batches)
+  python3 -c "import sglang, megatron.core, torch_memory_saver" 2>/dev/null && return
   [ -d /tmp/b1 ] && [ -d /tmp/b2 ] || { echo "a staged batch is missing: the host went cold"; exit 4; }
   pipi /tmp/b1/*.whl /tmp/b2/*.whl
   python3 -c "import sglang, megatron.core, torch_memory_saver; print('sglang', sglang.__version__)" || exit 3
@@ -36,14 +38,16 @@ install() {
 
 run() {  # run($1 = name, $2 = seconds, flags...): one training run in the foreground, then its table
   local name=$1 seconds=$2; shift 2
+  local D=/tmp/rl/results/$name  # packed into $OUT/$name.tgz at the end ($OUT takes 8 files a call)
+  mkdir -p $D
   # Each process's device memory every second (trainer rank vs SGLang): the peak of each side.
   nvidia-smi --query-compute-apps=timestamp,pid,process_name,used_memory --format=csv,noheader -lms 1000 \
-    > "$OUT/${name}_gpu_memory.csv" 2>/dev/null &
+    > "$D/${name}_gpu_memory.csv" 2>/dev/null &
   local smi=$!
-  timeout -s INT "$seconds" python3 -m actors.loop.cli train --run-dir /tmp/rl/$name "$@" > "$OUT/$name.log" 2>&1
+  timeout -s INT "$seconds" python3 -m actors.loop.cli train --run-dir /tmp/rl/$name "$@" > "$D/$name.log" 2>&1
   elapsed "$name exit $?"
   kill $smi 2>/dev/null
-  python3 - "$OUT/${name}_gpu_memory.csv" <<'PY' | tee "$OUT/${name}_gpu_memory_peaks.txt"
+  python3 - "$D/${name}_gpu_memory.csv" <<'PY' | tee "$D/${name}_gpu_memory_peaks.txt"
 import collections, sys
 peak = collections.defaultdict(int)
 for line in open(sys.argv[1]):
@@ -53,25 +57,28 @@ for line in open(sys.argv[1]):
 for (pid, name), mib in sorted(peak.items()):
     print(f"peak device memory: pid {pid} {name}: {mib} MiB")
 PY
-  cp /tmp/rl/$name/metrics.jsonl "$OUT/${name}_metrics.jsonl" 2>/dev/null
-  grep -h "memory:\|weights:" /tmp/rl/$name/logs/engine-0.log > "$OUT/${name}_engine_phases.log" 2>/dev/null
-  python3 - "$OUT/${name}_metrics.jsonl" <<'PY' | tee "$OUT/$name.txt"
+  cp /tmp/rl/$name/metrics.jsonl "$D/${name}_metrics.jsonl" 2>/dev/null
+  grep -h "memory:\|weights:" /tmp/rl/$name/logs/engine-0.log > "$D/${name}_engine_phases.log" 2>/dev/null
+  python3 - "$D/${name}_metrics.jsonl" <<'PY' | tee "$D/$name.txt"
 import json, sys
 keys = ["train/logprob_abs_diff", "memory/trainer_peak_gb", "memory/engine_serving_weight_gb",
-        "memory/engine_serving_kvcache_gb", "perf/offload_time", "perf/onload_time", "perf/weight_update_time",
-        "perf/weight_sync_time", "perf/train_time", "perf/step_time", "rollout/reward_mean"]
+        "memory/engine_serving_kvcache_gb", "memory/engine_released_weight_gb", "memory/engine_released_kvcache_gb",
+        "perf/release_memory_time", "perf/onload_time", "perf/offload_time", "perf/weight_update_time",
+        "perf/colocate_sync_time", "perf/train_time", "perf/step_time", "rollout/reward_mean"]
 print("| step | " + " | ".join(k.split("/")[1] for k in keys) + " |")
 for line in open(sys.argv[1]):
     row = json.loads(line)
     if "train/step" in row:
         print(f"| {row['step']} | " + " | ".join(f"{row.get(k, float('nan')):.4g}" for k in keys) + " |")
 PY
-  grep -v -i -E "warn" "$OUT/$name.log" | grep -E "colocate: |Error|error:" | tail -30
+  grep -v -i -E "warn" "$D/$name.log" | grep -E "colocate: |Error|error:" | tail -30
+  cp -r /tmp/rl/$name/logs $D/ 2>/dev/null
+  tar czf "$OUT/$name.tgz" -C /tmp/rl/results $name
 }
 
 case ${1:?phase: b1, b2, one-gpu, gguf-a, smollm2, two-gpu or disagg} in
 b1) mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L ;;
-b2) mkdir -p /tmp/b2 && cp .gpu-wheels/b2/*.whl .gpu-wheels/b3/*.whl .gpu-wheels/b5/*.whl /tmp/b2/ && ls /tmp/b1 | wc -l ;;
+b2) mkdir -p /tmp/b2 && cp .gpu-wheels/b{2,3,4,5}/*.whl /tmp/b2/ && ls /tmp/b1 | wc -l ;;
 gguf-a) mkdir -p /tmp/gguf && cp .gpu-model/a/* /tmp/gguf/ && ls -la /tmp/gguf ;;
 one-gpu)
   install && prepare_shape
@@ -81,12 +88,13 @@ smollm2)
   install
   [ -d /tmp/gguf ] || { echo "gguf-a is missing: the host went cold"; exit 4; }
   mkdir -p $SLIME_ASYNC_CACHE/SmolLM2-135M-Instruct /tmp/rl/data
-  cat /tmp/gguf/* .gpu-model/b/gguf.part* > $SLIME_ASYNC_CACHE/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f $SLIME_ASYNC_CACHE/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf ] ||
+    cat /tmp/gguf/* .gpu-model/b/gguf.part* > $SLIME_ASYNC_CACHE/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf
   (cd $SLIME_ASYNC_CACHE/SmolLM2-135M-Instruct && echo "$(cut -d' ' -f1 $OLDPWD/.gpu-model/b/sha256)  SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c) || exit 5
   python3 examples/smollm2_math/prepare.py --out /tmp/smollm2 --dtype bfloat16 || exit 6
   run colocate_1gpu_smollm2 $(( ${RUN_UNTIL_S:-560} - SECONDS )) --config benchmarks/gpu/rl_colocate.toml \
     --hf-checkpoint /tmp/smollm2/model --prompt-data /tmp/smollm2/data/train.jsonl --rm-type math \
-    --rollout-max-response-len 256
+    --apply-chat-template --rollout-max-response-len 256 --rollout-temperature 0.7 --bf16 --lr 5e-6
   ;;
 two-gpu)
   install && prepare_shape

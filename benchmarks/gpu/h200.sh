@@ -112,7 +112,8 @@ w(Path('/tmp/ws-$SHAPE'), '$SHAPE')" 2>&1 | tail -1
   grep -v -i -E "warn" "$OUT/weight_sync_$SHAPE.txt" | tail -12
   ;;
 kernels)  # carry .gpu-wheels/b2 .gpu-wheels/b3: bash benchmarks/gpu/h200.sh kernels
-  pipi .gpu-wheels/b2/megatron_core-*.whl .gpu-wheels/b2/orjson-*.whl .gpu-wheels/b3/aiorwlock-*.whl
+  python3 -c "import megatron.core, orjson, aiorwlock" 2>/dev/null ||  # installed by an earlier phase here
+    pipi .gpu-wheels/b2/megatron_core-*.whl .gpu-wheels/b2/orjson-*.whl .gpu-wheels/b3/aiorwlock-*.whl
   python3 -c "import torch, inspect; from torch.nn.attention.varlen import varlen_attn as v; \
 print('torch', torch.__version__, 'varlen_attn', inspect.signature(v))" 2>&1 | tail -1
   GPUS=$(nvidia-smi -L | wc -l)
