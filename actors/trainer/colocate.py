@@ -2,9 +2,9 @@
 
 The engines and the trainer time-share the devices. While the engines generate, the trainer's
 state sits in host memory (``offload``); before it trains it comes back (``onload``). Parts:
-``optimizer`` (Adam's moments and the fp32 main params: megatron-core 0.16's
-``MegatronOptimizer.offload_to_cpu``), ``grads`` and ``params`` (the DDP buffers'
-``offload_to_cpu``: storage freed, params copied to pinned host memory). The model params go
+``optimizer`` (Adam's moments and the fp32 main params, ``move_optimizer_state``), ``grads``
+and ``params`` (the DDP buffers' ``offload_to_cpu``: storage freed, params copied to pinned
+host memory). The model params go
 last, after the engines hold the new weights: they are what the IPC handles point at.
 
 On CPU the device is the host: nothing moves, but the phases still run (and are timed), so
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
@@ -96,7 +96,8 @@ class ColocatedRank:
         buffers = [*self.ddp.buffers, *getattr(self.ddp, "expert_parallel_buffers", [])]
         torch.cuda.synchronize()
         if "optimizer" in parts:
-            (self.optimizer.offload_to_cpu if to_host else self.optimizer.restore_from_cpu)()
+            device = torch.device("cpu") if to_host else torch.device("cuda", torch.cuda.current_device())
+            move_optimizer_state(self.optimizer, unwrap_model(self.ddp).parameters(), device)
         move = {"move_params": "params" in parts, "move_grads": "grads" in parts}
         for buffer in buffers:
             (buffer.offload_to_cpu if to_host else buffer.reload_from_cpu)(**move)
@@ -106,6 +107,30 @@ class ColocatedRank:
         torch.cuda.synchronize()
         if to_host:
             torch.cuda.empty_cache()
+
+
+def move_optimizer_state(optimizer, model_params: Iterable[torch.Tensor], to: torch.device) -> None:
+    """Move ``optimizer``'s own tensors (Adam's moments, the fp32 main params) ``to`` a device.
+
+    megatron-core's ``offload_to_cpu`` moves every param of the optimizer's groups, and a model
+    param the optimizer updates in place (one kept in fp32 in a bf16 model) is one of them: moved
+    by ``p.data = p.data.cpu()``, it leaves the DDP buffer it was a view of. Model params are the
+    buffers' to move (``offload_to_cpu`` of the param buffers), so they are skipped here.
+    """
+    skip = {id(p) for p in model_params}
+    for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(chained, "optimizer", None)
+        if inner is None or getattr(chained, "is_stub_optimizer", False):
+            continue
+        for group in inner.param_groups:
+            for param in group["params"]:
+                if id(param) not in skip:
+                    param.data = param.data.to(to)  # the same tensor when already there
+        for state in inner.state.values():
+            for key, value in state.items():
+                # Adam's step count stays a host scalar: on the device it costs a sync per param.
+                if key != "step" and isinstance(value, torch.Tensor):
+                    state[key] = value.to(to)
 
 
 def _check(parts: Sequence[str]) -> frozenset[str]:
