@@ -1,12 +1,13 @@
 """Which trainer kernels run: resolved once per rank from ``--attention-impl`` / ``--logprob-impl``.
 
-``auto`` picks the fast path only where it runs and is faster: micro-batches packed into one
-row of back-to-back samples (no padding) attended in one varlen call with a flash kernel (CUDA,
-half precision), and the chunked logprob head on CUDA. On CPU the right-padded micro-batches
-and the full-logits head are kept: they are what every CPU test and run has measured, the
-per-sequence loop a packed batch would need is no faster there, and memory is not the
-constraint. ``--attention-impl loop|varlen`` and ``--logprob-impl full|chunked`` force either
-on any device (``varlen`` packs the micro-batches; it needs SDPA attention and PP = 1).
+``auto`` keeps right-padded micro-batches and the full-logits head on every device: they are
+the fastest measured, on CPU and on an H200 (benchmarks/gpu/results/trainer_kernels_*.txt,
+2026-12-02, seq len 2048: 0.5B shape 54.6k train tokens/s padded + full logits, 47.9k with the
+chunked head, 44.0k packed with varlen attention, 35.2k both; 1.5B shape 31.1k vs 25.7k with
+both). The varlen call itself is 14x faster than the per-sequence loop; the packed (``thd``)
+micro-batch around it is what costs. ``--attention-impl varlen`` (packs the micro-batches; needs
+SDPA attention and PP = 1) and ``--logprob-impl chunked`` (the [tokens x vocab] logits never
+whole: 0.5B peak 39.8 -> 23.3 GiB) are there for memory, chosen explicitly.
 """
 
 from __future__ import annotations
@@ -39,19 +40,12 @@ class TrainerKernels:
 
 
 def resolve_kernels(attention_impl: AttentionImpl, logprob_impl: LogprobImpl, log_probs_chunk_size: int,
-                    cuda: bool, use_sdpa: bool = False, pipeline_parallel: int = 1,
-                    flash: bool = False) -> TrainerKernels:
-    """The kernels of a rank on a machine with (``cuda``) or without CUDA.
-
-    Packing needs SDPA core attention (megatron-core's unfused one takes no ``thd`` input) and
-    one pipeline stage (the stages' send/receive shapes assume ``[S, B]`` micro-batches).
-    ``auto`` packs only where ``flash`` (``varlen.flash_runs`` of the params dtype): without a
-    flash kernel the attention of a packed batch falls back to the per-sequence loop, which
-    reads the boundaries from the device once per layer.
-    """
-    chunked = logprob_impl == "chunked" or (logprob_impl == "auto" and cuda)
-    pack = (use_sdpa and pipeline_parallel == 1
-            and (attention_impl == "varlen" or (attention_impl == "auto" and cuda and flash)))
+                    use_sdpa: bool = False, pipeline_parallel: int = 1) -> TrainerKernels:
+    """The kernels of a rank. Packing needs SDPA core attention (megatron-core's unfused one takes
+    no ``thd`` input) and one pipeline stage (the stages' send/receive shapes assume ``[S, B]``
+    micro-batches); ``auto`` neither packs nor chunks (the module docstring has the measurements)."""
+    chunked = logprob_impl == "chunked"
+    pack = use_sdpa and pipeline_parallel == 1 and attention_impl == "varlen"
     return TrainerKernels(attention=attention_impl, chunked_logprobs=chunked,
                           chunk_size=log_probs_chunk_size if log_probs_chunk_size > 0 else None,
                           pack_sequences=pack)

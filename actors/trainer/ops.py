@@ -30,7 +30,6 @@ from actors.trainer.kernels import resolve_kernels
 from actors.trainer.logprobs import vocab_parallel_logprobs
 from actors.trainer.protocol import SampleLogprobs, TensorMeta, WeightGroupSpec
 from actors.trainer.rank import MegatronRank, all_finite, all_ranks_agree, response_tensors
-from actors.trainer.varlen import flash_runs
 from actors.trainer.weight_sync import WeightBroadcaster
 from policies.loss_spec import LossSpec
 from policies.objective import compute_objective
@@ -71,12 +70,10 @@ class TrainerOps(ColocatedRank, MegatronRank):
             self.set_reference_model(config.ref_load)
 
     def _adapt_head(self, model: torch.nn.Module) -> None:
-        # Resolved here, where the params dtype is known: packing pays only where one flash call runs.
         config = self.config
         self.kernels = resolve_kernels(
-            config.attention_impl, config.logprob_impl, config.log_probs_chunk_size, cuda=torch.cuda.is_available(),
-            use_sdpa=self._use_sdpa, pipeline_parallel=config.megatron.get("pipeline_model_parallel_size", 1),
-            flash=flash_runs(model.config.params_dtype))
+            config.attention_impl, config.logprob_impl, config.log_probs_chunk_size, use_sdpa=self._use_sdpa,
+            pipeline_parallel=config.megatron.get("pipeline_model_parallel_size", 1))
         # With the chunked head the last stage's model returns hidden states, not logits.
         if self.kernels.chunked_logprobs and model.post_process:
             return_hidden_states(model)

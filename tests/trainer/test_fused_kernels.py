@@ -213,22 +213,20 @@ def test_trainer_packed_and_chunked_equals_padded_and_full_logits_before_and_aft
     assert not torch.allclose(torch.tensor(after_a[0].logprobs), torch.tensor(before_a[0].logprobs))
 
 
-def test_auto_keeps_the_loop_without_a_flash_kernel_and_the_choice_is_described():
+def test_auto_keeps_padded_micro_batches_and_full_logits_and_the_choice_is_described():
     assert describe_attention("auto", torch.float32) == "per-sequence SDPA loop"
     assert describe_attention("loop", torch.bfloat16) == "per-sequence SDPA loop"
     if not torch.cuda.is_available():
         assert "block-diagonal" in describe_attention("varlen", torch.bfloat16)
-    assert not resolve_kernels("auto", "auto", -1, cuda=False).chunked_logprobs
-    assert resolve_kernels("auto", "auto", -1, cuda=True).chunked_logprobs
-    assert resolve_kernels("loop", "chunked", 256, cuda=False).chunk_size == 256
-    assert not resolve_kernels("auto", "full", -1, cuda=True).chunked_logprobs
-    # Packing needs SDPA and one pipeline stage; auto packs with CUDA and a flash kernel for the dtype only.
-    assert resolve_kernels("auto", "auto", -1, cuda=True, use_sdpa=True, flash=True).pack_sequences
-    assert not resolve_kernels("auto", "auto", -1, cuda=True, use_sdpa=True, flash=False).pack_sequences
-    assert resolve_kernels("varlen", "auto", -1, cuda=False, use_sdpa=True).pack_sequences
-    assert not resolve_kernels("auto", "auto", -1, cuda=False, use_sdpa=True).pack_sequences
-    assert not resolve_kernels("varlen", "auto", -1, cuda=True, use_sdpa=True, pipeline_parallel=2).pack_sequences
-    assert not resolve_kernels("varlen", "auto", -1, cuda=False, use_sdpa=False).pack_sequences
+    # auto keeps the paths an H200 measured fastest (right-padded, full logits).
+    assert not resolve_kernels("auto", "auto", -1).chunked_logprobs
+    assert resolve_kernels("auto", "chunked", -1).chunked_logprobs
+    assert resolve_kernels("loop", "chunked", 256).chunk_size == 256
+    # Packing is asked for (varlen), and needs SDPA and one pipeline stage.
+    assert not resolve_kernels("auto", "auto", -1, use_sdpa=True).pack_sequences
+    assert resolve_kernels("varlen", "auto", -1, use_sdpa=True).pack_sequences
+    assert not resolve_kernels("varlen", "auto", -1, use_sdpa=True, pipeline_parallel=2).pack_sequences
+    assert not resolve_kernels("varlen", "auto", -1, use_sdpa=False).pack_sequences
 
 
 @pytest.mark.parametrize("field, value, flag", [("logprob_impl", "fast", "--logprob-impl"),
