@@ -8,8 +8,8 @@
 #
 # Inputs travel in batches over consecutive calls (each within the 30 s the host stays warm):
 #   b1      carry .gpu-wheels/b1
-#   b2      carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b4 .gpu-wheels/b5 (b4: bm25s; b5:
-#           torch_memory_saver, for colocate.sh on the same host)
+#   b2      carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b4 .gpu-wheels/b5 .gpu-wheels/b6 (b4: bm25s; b5:
+#           torch_memory_saver, for colocate.sh on the same host; b6: zstandard, setup.cfg's pin)
 #   gguf-a  carry .gpu-model/a
 #   run     carry .gpu-model/b: installs (unless colocate.sh did), converts the model, writes the
 #           data, starts both SGLang servers, warm-starts and trains both agents until RUN_UNTIL_S
@@ -47,7 +47,7 @@ agent() {
 
 case ${1:?phase: b1, b2, gguf-a or run} in
 b1) mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L && nproc ;;
-b2) mkdir -p /tmp/b2 && cp .gpu-wheels/b{2,3,4,5}/*.whl /tmp/b2/ && ls /tmp/b1 | wc -l ;;
+b2) mkdir -p /tmp/b2 && cp .gpu-wheels/b{2,3,4,5,6}/*.whl /tmp/b2/ && ls /tmp/b1 | wc -l ;;
 gguf-a) mkdir -p /tmp/gguf && cp .gpu-model/a/* /tmp/gguf/ && ls -la /tmp/gguf ;;
 run)
   python3 -c "import sglang, megatron.core, bm25s" 2>/dev/null || {

@@ -6,7 +6,7 @@
 # init, the tiny tokenizer's 512-token vocabulary, 32 prompts x 8 samples per step.
 #
 #   stage-b1 (carry .gpu-wheels/b1):  keeps the b1 wheels in /tmp (bash benchmarks/gpu/h200.sh stage-b1)
-#   prep     (carry .gpu-wheels/b2):  installs b1 + b2, writes the model and data, starts SGLang
+#   prep     (carry .gpu-wheels/b2 .gpu-wheels/b6, b6: zstandard):  installs b1 + b2 + b6, writes the model and data, starts SGLang
 #            (first launch JIT-compiles ~2.5 min), measures the standalone saturation of both
 #            workloads (40 s each); ~6 min
 #   runs WORKLOAD RUNS [STEPS] (no carry; the host must still be warm from prep): the named runs
@@ -33,7 +33,7 @@ stage-b1)
   ;;
 prep)
   [ -d /tmp/b1 ] || { echo "b1 is missing: run stage-b1 first (the host went cold between the calls)"; exit 4; }
-  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl
+  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl .gpu-wheels/b6/*.whl
   python3 -c "import sglang; print('sglang', sglang.__version__)" || exit 3
   python3 -c "from slime_async.tiny_model import build_tiny_model as b; b('$W/base', vocab_size=512, \
 hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, \

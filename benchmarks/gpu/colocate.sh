@@ -5,10 +5,12 @@
 # The host is offline and takes at most 64 MiB per call, so the inputs travel in batches over
 # consecutive calls (each within the 30 s the host stays warm), as smollm2_grpo.sh does:
 #   b1          carry .gpu-wheels/b1                       (../shared/gpu/sglang-wheels.sh .gpu-wheels)
-#   b2          carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b4 .gpu-wheels/b5 (b3: math-verify,
+#   b2          carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b4 .gpu-wheels/b5 .gpu-wheels/b6 (b3: math-verify,
 #               aiorwlock; b4: bm25s, for agentic_smollm2.sh on the same host; b5: torch_memory_saver
-#               0.0.10, which SGLang's --enable-memory-saver needs; not in b1/b2)
-#   one-gpu     (nvidia-h200) 8 sync GRPO steps colocated on GPU 0, Qwen2.5-0.5B shape (rl_colocate.toml)
+#               0.0.10, which SGLang's --enable-memory-saver needs; b6: zstandard 0.25.0 for cp312,
+#               setup.cfg's pin for the delta codec: without it the runtime fails at start)
+#   one-gpu     (nvidia-h200) 8 sync GRPO steps colocated on GPU 0, Qwen2.5-0.5B shape (rl_colocate.toml);
+#               alone in its call: SGLang takes ~2 min 45 s to start on a fresh host
 #   gguf-a      carry .gpu-model/a                         (SmolLM2-135M-Instruct's .gguf, first part)
 #   smollm2     carry .gpu-model/b: the same run on SmolLM2-135M-Instruct's real weights (bf16)
 #   two-gpu     (nvidia-h200-x2, after b1 and b2 there) TP=2 SGLang engine + TP=2 trainer colocated on
@@ -78,7 +80,7 @@ PY
 
 case ${1:?phase: b1, b2, one-gpu, gguf-a, smollm2, two-gpu or disagg} in
 b1) mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L ;;
-b2) mkdir -p /tmp/b2 && cp .gpu-wheels/b{2,3,4,5}/*.whl /tmp/b2/ && ls /tmp/b1 | wc -l ;;
+b2) mkdir -p /tmp/b2 && cp .gpu-wheels/b{2,3,4,5,6}/*.whl /tmp/b2/ && ls /tmp/b1 | wc -l ;;
 gguf-a) mkdir -p /tmp/gguf && cp .gpu-model/a/* /tmp/gguf/ && ls -la /tmp/gguf ;;
 one-gpu)
   install && prepare_shape

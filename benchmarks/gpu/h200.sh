@@ -22,6 +22,8 @@
 #           MFU, old path (padded, full logits) vs new (packed varlen, chunked head), and packed
 #           attention per sequence vs one varlen call, for the 0.5B and 1.5B shapes, plus the
 #           0.5B shape on a long-tail batch (10% at 2048 tokens, the rest 128) with two GPUs.
+# Every phase that carries .gpu-wheels/b2 also carries .gpu-wheels/b6 (zstandard 0.25.0 for cp312:
+# the delta codec's pin in setup.cfg, which no other batch holds; missing, the runtime fails at start).
 # Results land in $OUT; benchmarks/gpu/results/ keeps the copies.
 set -uo pipefail
 source benchmarks/gpu/common.sh
@@ -51,7 +53,7 @@ trainer)
   ;;
 sglang)
   [ -d /tmp/b1 ] || { echo "b1 is missing: the host went cold between the phases"; exit 4; }
-  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl
+  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl .gpu-wheels/b6/*.whl
   python3 -c "import sglang; print('sglang', sglang.__version__)" || exit 3
   python3 -c "from pathlib import Path; from benchmarks.gpu.qwen_shapes import write_random_model as w; \
 w(Path('/tmp/m05'), 'qwen2.5-0.5b', norm_scale=10.0)" 2>&1 | tail -1
@@ -75,7 +77,7 @@ w(Path('/tmp/m05'), 'qwen2.5-0.5b', norm_scale=10.0)" 2>&1 | tail -1
   ;;
 rl)  # after stage-b1 (carry .gpu-wheels/b2): the whole loop on GPU, see rl_sync_sglang.toml
   [ -d /tmp/b1 ] || { echo "b1 is missing: the host went cold between the phases"; exit 4; }
-  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl
+  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl .gpu-wheels/b6/*.whl
   python3 -c "from slime_async.tiny_model import build_tiny_model as b; b('/tmp/rl/base', vocab_size=512, \
 hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, \
 max_position_embeddings=4096, tie_word_embeddings=True)" 2>&1 | tail -1
@@ -98,7 +100,7 @@ PY
 weight-sync)  # after stage-b1 (carry .gpu-wheels/b2): bash benchmarks/gpu/h200.sh weight-sync qwen2.5-1.5b
   [ -d /tmp/b1 ] || { echo "b1 is missing: the host went cold between the phases"; exit 4; }
   SHAPE=${2:-qwen2.5-1.5b}
-  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl
+  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl .gpu-wheels/b6/*.whl
   python3 -c "from pathlib import Path; import sys; from benchmarks.gpu.qwen_shapes import write_random_model as w; \
 w(Path('/tmp/ws-$SHAPE'), '$SHAPE')" 2>&1 | tail -1
   launch_sglang /tmp/ws-$SHAPE 30000 0.5 /tmp/sglang-ws.log
