@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from actors.trainer.colocate import move_optimizer_state
+from actors.trainer.colocate import HostCopies, move_optimizer_state
 
 
 class _Chained:  # megatron-core's ChainedOptimizer shape: .chained_optimizers[i].optimizer
@@ -29,3 +29,14 @@ def test_optimizer_state_moves_and_model_params_stay():
     assert adam.state[main_param]["step"].dtype == torch.float32  # the host scalar stays
     move_optimizer_state(_Chained(adam), [model_param], torch.float32)
     assert main_param.dtype == torch.float32 and adam.state[main_param]["exp_avg"].dtype == torch.float32
+
+
+def test_host_copies_reuse_one_buffer_per_slot_and_keep_the_values():
+    host = HostCopies(pin=False)  # pinned where CUDA runs; plain host memory here
+    first = host.copy((1, "exp_avg"), torch.arange(6.0))
+    again = host.copy((1, "exp_avg"), torch.full((6,), 7.0))
+    assert again.data_ptr() == first.data_ptr() and again.tolist() == [7.0] * 6  # reused, overwritten
+    other = host.copy((1, "exp_avg_sq"), torch.ones(2, 3, dtype=torch.bfloat16))
+    assert other.data_ptr() != first.data_ptr() and other.dtype == torch.bfloat16 and other.shape == (2, 3)
+    resized = host.copy((1, "exp_avg"), torch.zeros(3))
+    assert resized.shape == (3,) and resized.tolist() == [0.0] * 3  # a new shape gets a new buffer
