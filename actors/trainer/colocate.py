@@ -3,10 +3,9 @@
 The engines and the trainer time-share the devices. While the engines generate, the trainer's
 state sits in host memory (``offload``); before it trains it comes back (``onload``). Parts:
 ``optimizer`` (Adam's moments and the fp32 main params, ``move_optimizer_state``, into pinned
-host buffers kept across steps), ``grads``
-and ``params`` (the DDP buffers' ``offload_to_cpu``: storage freed, params copied to pinned
-host memory). The model params go
-last, after the engines hold the new weights: they are what the IPC handles point at.
+host buffers kept across steps), ``grads`` and ``params`` (the DDP buffers' ``offload_to_cpu``:
+storage freed, params copied to pinned host memory). The model params go last, after the
+engines hold the new weights: they are what the IPC handles point at.
 
 On CPU the device is the host: nothing moves, but the phases still run (and are timed), so
 the orchestration is the same code on both.
