@@ -131,3 +131,20 @@ def test_the_openai_agents_tool_output_is_stdout_or_the_errors_last_line():
     assert openai_agent.tool_output("10875\n") == "10875"
     assert openai_agent.tool_output("", "x\nNameError: name 'y' is not defined\n", 1) == "NameError: name 'y' is not defined"
     assert openai_agent.tool_output("", "", None, "timeout") == "error: timeout"
+
+
+def test_openai_problems_all_have_positive_answers_of_the_asked_length_and_distinct_expressions():
+    train, heldout = openai_make_task.split(0, 300, 20, answer_digits=5)
+    assert len(train) == 300 and len(heldout) == 20
+    assert all(10000 <= p.answer <= 99999 and "*" in p.expression for p in train + heldout)
+    assert len({p.expression for p in train + heldout}) == 320
+    assert openai_make_task.split(0, 300, 20, 5) == (train, heldout)  # deterministic in the seed
+    assert all(100 <= p.answer <= 999 for p in sum(openai_make_task.split(1, 50, 5, answer_digits=3), []))
+
+
+def test_openai_make_task_refuses_an_answer_length_the_problems_cannot_have(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        openai_make_task.main(["--out", str(tmp_path / "data"), "--answer-digits", "6"])
+    assert exit_info.value.code == 2
+    assert "--answer-digits must be 3, 4 or 5, got 6" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()

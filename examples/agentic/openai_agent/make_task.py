@@ -1,12 +1,17 @@
 """Write the OpenAI-agent example's data: the code-interpreter task as chat episodes.
 
-    train.jsonl / heldout.jsonl  {"prompt": "What is 347*29+812?", "label": "10875"} (the agent
+    train.jsonl / heldout.jsonl  {"prompt": "What is 583*81-203?", "label": "47020"} (the agent
                                  makes the user message of the prompt)
     sft.jsonl                    ideal episodes rendered by the chat template with the tools, as
                                  ``--loss-type sft`` segments: the assistant's tool call and final
                                  answer trained, the template glue and the tool's output not —
                                  split where the router front splits a recorded trajectory
     corpus.txt                   the rendered episodes, for ``slime-async init-tiny-model --corpus``
+
+The problems are the code interpreter's with a positive answer of ``--answer-digits`` (5) digits
+(so each has a multiplication): the box's k-th digit then copies the tool output's k-th digit from
+a fixed distance back, which the tiny model learns in a short warm start; with answers of one to
+six digits and a sign it kept mis-copying (``266`` -> ``\\boxed{226}``) after 200 steps.
 
 The template is ``--model DIR``'s (its tokenizer must render ``tools`` and tool calls), by
 default the tiny model's tool template (``init-tiny-model --chat-template tools``).
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +44,20 @@ def load_template_tokenizer(model: Path | None) -> Any:
         tokenizer.chat_template = TOOL_CHAT_TEMPLATE
         return tokenizer
     return load_chat_tokenizer(model, flag="--model")
+
+
+def split(seed: int, train: int, heldout: int, answer_digits: int) -> tuple[list[task.Problem], list[task.Problem]]:
+    """``(train, heldout)`` problems whose answers are positive with ``answer_digits`` digits,
+    distinct expressions, deterministic in ``seed``."""
+    rng = random.Random(seed)
+    problems: list[task.Problem] = []
+    seen: set[str] = set()
+    while len(problems) < train + heldout:
+        problem = task.make_problem(rng)
+        if problem.answer > 0 and len(str(problem.answer)) == answer_digits and problem.expression not in seen:
+            seen.add(problem.expression)
+            problems.append(problem)
+    return problems[heldout:], problems[:heldout]
 
 
 def episode_segments(tokenizer: Any, problem: task.Problem) -> tuple[str, list[dict[str, Any]]]:
@@ -70,11 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", type=int, default=128, help="held-out problems")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", type=Path, help="render with this tokenizer's chat template")
+    parser.add_argument("--answer-digits", type=int, default=5, help="digits of every answer (3 to 5)")
     args = parser.parse_args(argv)
     if args.train <= 0 or args.heldout <= 0:
         parser.error("--train and --heldout must be > 0")
+    if not 3 <= args.answer_digits <= 5:  # the problems' answers: up to six digits, rarely six
+        parser.error(f"--answer-digits must be 3, 4 or 5, got {args.answer_digits}")
     tokenizer = load_template_tokenizer(args.model)
-    train, heldout = task.split(args.seed, args.train, args.heldout)
+    train, heldout = split(args.seed, args.train, args.heldout, args.answer_digits)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, problems in (("train.jsonl", train), ("heldout.jsonl", heldout)):
         with open(args.out / name, "w") as handle:
