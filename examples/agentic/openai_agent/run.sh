@@ -10,9 +10,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # the hook: examples.agent
 started=$(date +%s)
 rm -rf runs/openai_agent
 python examples/agentic/openai_agent/make_task.py --out runs/openai_agent/data
-# hidden 128 (the other examples' 64 did not learn the answer copy in 290 SFT steps)
 slime-async init-tiny-model --out runs/openai_agent/base --arch qwen2 --seed 0 --chat-template tools \
-  --hidden-size 128 --intermediate-size 256 --corpus runs/openai_agent/data/corpus.txt
+  --corpus runs/openai_agent/data/corpus.txt
 slime-async train --config examples/agentic/openai_agent/sft.toml
 slime-async train --config examples/agentic/openai_agent/grpo.toml
 python examples/agentic/code_interpreter/report.py runs/openai_agent/grpo/metrics.jsonl
