@@ -142,11 +142,14 @@ def move_optimizer_state(optimizer, model_params: Iterable[torch.Tensor], to: to
     buffers' to move (``offload_to_cpu`` of the param buffers), so they are skipped here.
     """
     to_host = isinstance(to, torch.device) and to.type == "cpu" and host is not None
+    # Host-to-device copies may run ahead (from pinned buffers; the caller synchronizes); a
+    # device-to-host copy into pageable memory must not.
+    non_blocking = isinstance(to, torch.device) and to.type == "cuda"
 
     def move(tensor: torch.Tensor, slot: tuple[int, str]) -> torch.Tensor:
         if to_host and tensor.device.type != "cpu":
             return host.copy(slot, tensor)
-        return tensor.to(to, non_blocking=True)  # the same tensor when already there
+        return tensor.to(to, non_blocking=non_blocking)  # the same tensor when already there
 
     skip = {id(p) for p in model_params}
     for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
