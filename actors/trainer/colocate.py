@@ -95,9 +95,9 @@ class ColocatedRank:
 
     def _move(self, parts: frozenset[str], to_host: bool) -> None:
         buffers = [*self.ddp.buffers, *getattr(self.ddp, "expert_parallel_buffers", [])]
+        device = torch.device("cpu") if to_host else torch.device("cuda", torch.cuda.current_device())
         torch.cuda.synchronize()
         if "optimizer" in parts:
-            device = torch.device("cpu") if to_host else torch.device("cuda", torch.cuda.current_device())
             if self._host_copies is None:
                 self._host_copies = HostCopies(pin=True)
             move_optimizer_state(self.optimizer, unwrap_model(self.ddp).parameters(), device, self._host_copies)
@@ -105,7 +105,6 @@ class ColocatedRank:
         for buffer in buffers:
             (buffer.offload_to_cpu if to_host else buffer.reload_from_cpu)(**move)
         if "params" in parts and self.ref_state is not None:
-            device = "cpu" if to_host else torch.device("cuda", torch.cuda.current_device())
             self.ref_state = {name: t.to(device, non_blocking=True) for name, t in self.ref_state.items()}
         torch.cuda.synchronize()
         if to_host:
