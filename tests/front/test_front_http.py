@@ -169,3 +169,30 @@ async def test_when_one_choice_fails_the_other_choices_are_cancelled(text_model)
     with pytest.raises(RuntimeError, match="engine gone"):
         await front._complete_all(_Session("s", recorded=False), specs)
     assert sorted(cancelled) == [[2], [3]]
+
+
+CALL_PYTHON = '<tool_call>\n{"name": "run_python", "arguments": {"code": "print(2 + 3)"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("budget_after_call, ran", [(0, False), (5, True)])
+async def test_the_openai_agent_runs_a_tool_only_when_a_turn_is_left_to_read_its_output(
+        scripted_engine, start_front, text_model, tmp_path, budget_after_call, ran):
+    """A call that spends the last token of the budget would run in the sandbox and be counted,
+    but no request would ever show its output: the trajectory would train on a call whose result
+    is nowhere in it."""
+    from types import SimpleNamespace
+
+    from examples.agentic.openai_agent import agent
+
+    call_ids = ids_of(text_model, CALL_PYTHON)
+    scripted_engine.script = [call_ids, ids_of(text_model, "5")]
+    router, url = await start_front([scripted_engine.url], text_model)
+    settings = tmp_path / "agent.yaml"
+    settings.write_text("max_tool_calls: 2\nturn_tokens: 200\n")
+    ctx = GenerateContext(router, text_model.tokenizer, config=SimpleNamespace(custom_config_path=str(settings)),
+                          router_url=url)
+    params = {"max_new_tokens": len(call_ids) + budget_after_call, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
+    [piece] = await agent.generate(ctx, _sample(), params)
+    shown = "<tool_response>\n5\n</tool_response>" in text_model.decode(piece.tokens, skip_special_tokens=False)
+    assert [c["output"] for c in piece.metadata["tool_calls"]] == (["5"] if ran else [])
+    assert shown is ran and len(scripted_engine.requests) == (2 if ran else 1)

@@ -66,8 +66,8 @@ async def generate(ctx: Any, sample: Any, sampling_params: dict[str, Any]) -> li
             turns += 1
             budget -= len(choice.token_ids)
             messages.append(choice.message.model_dump(exclude_none=True))
-            if not choice.message.tool_calls or len(calls) >= settings.max_tool_calls:
-                break
+            if not choice.message.tool_calls or len(calls) >= settings.max_tool_calls or budget <= 0:
+                break  # answered, out of calls, or no tokens left for a turn that would read the result
             for call in choice.message.tool_calls:
                 code = code_of(call)
                 if code is None:
