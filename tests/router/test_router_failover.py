@@ -89,8 +89,12 @@ async def test_a_killed_engine_loses_no_request_its_sessions_move_and_it_rejoins
         served: list[tuple[str, int, str]] = []
         sessions = [asyncio.ensure_future(conversation(router, f"s{i}", served)) for i in range(SESSIONS)]
 
-        # Kill, mid-run, an engine that has requests in flight.
-        engines = await until(router, lambda es: len(served) >= SESSIONS and any(e["in_flight"] >= 2 for e in es),
+        # Kill, mid-run, an engine that has requests in flight. Once every session has a turn
+        # served, a request in flight is a later turn of a session that lives on its engine;
+        # before that (a loaded machine serves unevenly) they may all be first turns, whose
+        # sessions have no engine to move from.
+        engines = await until(router, lambda es: len({s for s, _, _ in served}) == SESSIONS
+                              and any(e["in_flight"] >= 2 for e in es),
                               "requests in flight after every session's first turn")
         victim = next(i for i, e in enumerate(engines) if e["in_flight"] >= 2)
         old_pid = await engine_pid(supervisors[victim], names[victim])
