@@ -83,6 +83,12 @@ class DescendantTracker:
             time.sleep(0.2)
         return left
 
+    def describe(self, records: list[Recorded]) -> list[str]:
+        """Each survivor's state and parent, and which processes hold its pipes (a resource tracker
+        lives until the last holder of its pipe's other end exits)."""
+        return [f"{r} state/ppid {(_stat(r.pid) or ('gone', 0, 0))[:2]} pipes shared with {pipe_holders(r.pid)}"
+                for r in records]
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
@@ -116,3 +122,27 @@ class DescendantTracker:
         while not self._stop.is_set():
             self.scan()
             self._stop.wait(self.interval)
+
+
+def _pipes(pid: int) -> set[str]:
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    links = set()
+    for name in names:
+        try:
+            links.add(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except OSError:
+            pass
+    return {link for link in links if link.startswith("pipe:")}
+
+
+def pipe_holders(pid: int) -> dict[int, str]:
+    """Other processes that hold one of ``pid``'s pipes open: pid -> command line."""
+    pipes = _pipes(pid)
+    holders = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != pid and pipes & _pipes(int(entry)):
+            holders[int(entry)] = _cmdline(int(entry))[:120]
+    return holders
