@@ -3,7 +3,8 @@ router front's trajectory capture.
 
 The agent is what one would write against any OpenAI-compatible server: chat completions with a
 ``run_python`` tool; each call's code runs in the sandbox and its output goes back as a ``tool``
-message; the answer without a tool call ends the episode. The training run hands the client a
+message; the answer without a tool call ends the episode, and a call made with the token budget
+spent is not run (no later turn would read its output). The training run hands the client a
 per-sample base URL (``ctx.openai_base_url(sample)``), so every request is recorded token by
 token, and ``ctx.collect_trajectory(sample)`` returns the turns as Samples: the model's tokens
 trainable with the engine's logprobs, the template glue and the tool's output loss mask 0.
