@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 CODE_OPEN = "```python\n"
@@ -71,14 +72,16 @@ def _terms(expression: str) -> list[tuple[int, str]]:
     return list(zip(signs, parts[0::2]))
 
 
-def split(seed: int, train: int, heldout: int) -> tuple[list[Problem], list[Problem]]:
-    """``(train, heldout)`` problems with distinct expressions, deterministic in ``seed``."""
+def split(seed: int, train: int, heldout: int,
+          keep: Callable[[Problem], bool] | None = None) -> tuple[list[Problem], list[Problem]]:
+    """``(train, heldout)`` problems with distinct expressions (only those ``keep`` accepts, when
+    given), deterministic in ``seed``."""
     rng = random.Random(seed)
     problems: list[Problem] = []
     seen: set[str] = set()
     while len(problems) < train + heldout:
         problem = make_problem(rng)
-        if problem.expression not in seen:
+        if (keep is None or keep(problem)) and problem.expression not in seen:
             seen.add(problem.expression)
             problems.append(problem)
     return problems[heldout:], problems[:heldout]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,15 +48,7 @@ def load_template_tokenizer(model: Path | None) -> Any:
 def split(seed: int, train: int, heldout: int, answer_digits: int) -> tuple[list[task.Problem], list[task.Problem]]:
     """``(train, heldout)`` problems whose answers are positive with ``answer_digits`` digits,
     distinct expressions, deterministic in ``seed``."""
-    rng = random.Random(seed)
-    problems: list[task.Problem] = []
-    seen: set[str] = set()
-    while len(problems) < train + heldout:
-        problem = task.make_problem(rng)
-        if problem.answer > 0 and len(str(problem.answer)) == answer_digits and problem.expression not in seen:
-            seen.add(problem.expression)
-            problems.append(problem)
-    return problems[heldout:], problems[:heldout]
+    return task.split(seed, train, heldout, keep=lambda p: p.answer > 0 and len(str(p.answer)) == answer_digits)
 
 
 def episode_segments(tokenizer: Any, problem: task.Problem) -> tuple[str, list[dict[str, Any]]]:
