@@ -7,7 +7,7 @@ at an RL learning rate (--lr, default 1e-6), and every version is exported in th
 prompts: Adam's update of a weight is ~lr whatever the gradient's scale, so how many bits change
 depends on lr and dtype far more than on which loss made the gradient.
 
-Bytes on the wire (slime_async/weight_delta, XOR + byte shuffle + zstd level 3, every frame
+Bytes on the wire (slime_async/weights/delta, XOR + byte shuffle + zstd level 3, every frame
 header included) for: a full transfer; a delta after 1 step (v0 -> v1); a delta after 10 steps
 (v0 -> v10: an engine that held v0 while ten steps trained, as with --update-weights-interval 10);
 and the per-sync delta at step 10 (v9 -> v10, syncing every step).
@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 import torch  # noqa: E402
 
-from slime_async.weight_delta.sender import DeltaSender, PushResult, Snapshot  # noqa: E402
+from actors.weight_sync.delta import DeltaSender, PushResult, Snapshot  # noqa: E402
 
 PROMPTS = ["What is 17 times 23?", "Write a haiku about autumn.", "Name three prime numbers above 50.",
            "Explain what a hash function is in one sentence."]

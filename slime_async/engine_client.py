@@ -34,7 +34,8 @@ import orjson
 
 log = logging.getLogger(__name__)
 
-PauseMode = Literal["abort", "retract", "in_place"]
+# SGLang's /pause_generation modes (slime_async/quiesce.py maps the runtime's quiesce modes onto them).
+EnginePauseMode = Literal["abort", "retract", "in_place"]
 
 
 # --------------------------------------------------------------------------------------
@@ -313,7 +314,7 @@ class EngineClient:
 
     # ---- scheduling control
 
-    async def pause_generation(self, mode: PauseMode = "abort", *, timeout: float | None = None) -> Any:
+    async def pause_generation(self, mode: EnginePauseMode = "abort", *, timeout: float | None = None) -> Any:
         """Stop scheduling: "abort" returns in-flight requests (finish_reason abort), "retract"
         puts them back in the queue, "in_place" freezes them with their KV cache."""
         if mode not in ("abort", "retract", "in_place"):
@@ -342,9 +343,12 @@ class EngineClient:
     # ---- weight updates
 
     async def update_weights_from_disk(
-        self, model_path: str, weight_version: str | None = None, *, timeout: float | None = None
+        self, model_path: str, weight_version: str | None = None, *, flush_cache: bool = True,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
-        payload: dict[str, Any] = {"model_path": model_path}
+        """Load an HF checkpoint dir. ``flush_cache`` (SGLang's default, true) needs an idle engine:
+        SGLang asserts, and exits, when it flushes with requests still in its batch."""
+        payload: dict[str, Any] = {"model_path": model_path, "flush_cache": flush_cache}
         if weight_version is not None:
             payload["weight_version"] = weight_version
         return await self._call_update("/update_weights_from_disk", payload, timeout, _Retry.IDEMPOTENT)
@@ -387,7 +391,7 @@ class EngineClient:
         """Receive the named tensors by broadcast from the group's rank 0 (the trainer),
         which must broadcast them in this order while this call is pending: one broadcast per
         tensor, or with ``load_format="flattened_bucket"`` one of all their bytes back to back
-        (SGLang's FlattenedTensorBucket; slime_async.flat_bucket)."""
+        (SGLang's FlattenedTensorBucket; slime_async.weights.flat_bucket)."""
         payload: dict[str, Any] = {
             "names": names,
             "dtypes": dtypes,
@@ -426,7 +430,7 @@ class EngineClient:
         self, serialized_named_tensors: list[str], weight_version: str | None = None, flush_cache: bool = True,
         *, load_format: str | None = None, timeout: float | None = None,
     ) -> dict[str, Any]:
-        """Load tensors from IPC handles: one base64 payload per engine TP rank (slime_async.tensor_ipc)."""
+        """Load tensors from IPC handles: one base64 payload per engine TP rank (slime_async.weights.tensor_ipc)."""
         payload: dict[str, Any] = {"serialized_named_tensors": serialized_named_tensors, "flush_cache": flush_cache}
         if weight_version is not None:
             payload["weight_version"] = weight_version

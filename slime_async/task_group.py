@@ -41,3 +41,9 @@ async def gather_or_cancel(*awaitables: Awaitable[Any]) -> list[Any]:
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
+
+
+async def gather_settled(*awaitables: Awaitable[Any]) -> list[Any]:
+    """Await every one of ``awaitables`` to its end; each one's result or exception, in order
+    (a failure cancels nothing: for calls whose outcomes are all wanted, such as one per engine)."""
+    return list(await asyncio.gather(*awaitables, return_exceptions=True))

@@ -3,7 +3,7 @@
     python -m actors.engine.delta_receiver --engine-url http://127.0.0.1:30000 \\
         --model-path /models/Qwen3-4B --dir /local/nvme/weights [--host 0.0.0.0] [--port 30100]
 
-serves slime_async/weight_delta/wire.py's endpoints: it keeps the tensors of the version it
+serves slime_async/weights/delta/wire.py's endpoints: it keeps the tensors of the version it
 last loaded, rebuilds the next one from a delta and checks it, writes it as an HF checkpoint
 under ``--dir`` (safetensors + the non-weight files of ``--model-path``: config, tokenizer) on
 the engine's own disk, and has the engine load it with SGLang's ``/update_weights_from_disk``.
@@ -29,7 +29,7 @@ from aiohttp import web
 
 from slime_async.engine_client import EngineClient, EngineError
 from slime_async.net import serve_until_signalled
-from slime_async.weight_delta.receiver import DeltaReceiver, LoadRejected, routes
+from slime_async.weights.delta.receiver import DeltaReceiver, LoadRejected, routes
 
 log = logging.getLogger("delta_receiver")
 
@@ -47,13 +47,14 @@ class DiskLoader:
     keep: int = 2
     timeout: float = 600.0
 
-    async def __call__(self, tensors: dict[str, torch.Tensor], version: str) -> str | None:
+    async def __call__(self, tensors: dict[str, torch.Tensor], version: str, flush_cache: bool) -> str | None:
         path = self.root / f"v{version}"
         await asyncio.to_thread(self._write, path, tensors)
         async with aiohttp.ClientSession() as session:
             client = EngineClient(self.engine_url, session=session, api_key=self.api_key)
             try:
-                answer = await client.update_weights_from_disk(str(path), weight_version=version, timeout=self.timeout)
+                answer = await client.update_weights_from_disk(str(path), weight_version=version,
+                                                               flush_cache=flush_cache, timeout=self.timeout)
             except EngineError as exc:
                 raise LoadRejected(f"engine {self.engine_url}: {exc}") from exc
         if isinstance(answer, dict) and not answer.get("success", True):

@@ -17,8 +17,8 @@ from slime_async.cluster.nodes import LocalNode, Node
 from slime_async.net import free_port
 from slime_async.process import ProcessSpec, http_ready
 from slime_async.supervisor import ChildSpec
-from slime_async.weight_delta.wire import STATE_PATH
-from slime_async.weight_group import nccl_env_defaults
+from slime_async.weights.delta.wire import STATE_PATH
+from slime_async.weights.process_group import nccl_env_defaults
 
 
 @dataclass

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
 from slime_async.config.flags import field_help as _help
 from slime_async.config.paths import require_dir, require_writable_dir
+from slime_async.quiesce import RENAMED
+
+log = logging.getLogger(__name__)
 
 TrainMode = Literal["sync", "one-step-off", "fully-async"]
-# The weight sync's choices (actors/loop/weight_sync.py); the loader admits only these values.
+# The weight sync's choices (actors/weight_sync/); the loader admits only these values.
 WeightTransport = Literal["disk", "distributed", "delta", "tensor"]
-WeightUpdateMode = Literal["abort", "pause", "in_place"]
+# slime_async/quiesce.py's modes, and "pause", the old name of drain (accepted with a warning).
+WeightUpdateMode = Literal["abort", "drain", "in_place", "retract", "pause"]
 
 
 @dataclass
@@ -27,8 +32,8 @@ class LoopConfig:
         "loads; distributed: trainer rank 0 broadcasts buckets (gloo to CPU engines, NCCL to GPU "
         "engines); delta: each engine gets only what changed since the version it holds, compressed "
         "and checksummed, over HTTP (remote engines on slow links; a full transfer after an engine "
-        "restart); tensor: --colocate only, SGLang's "
-        "update_weights_from_tensor with IPC handles (CUDA IPC on GPU, shared memory on CPU)"))
+        "restart); tensor: SGLang's update_weights_from_tensor with IPC handles (CUDA IPC on GPU, shared "
+        "memory on CPU), for engines on the trainer's own devices: --colocate, or both resident on one GPU"))
     colocate: bool = field(default=False, metadata=_help(
         "trainer and engines time-share the same devices (slime's flag): engines release their memory while "
         "the trainer trains, the trainer offloads while they generate, weights move by --update-weight-transport "
@@ -39,10 +44,11 @@ class LoopConfig:
         "own receiver (the CPU engine)"))
     weight_update_mode: WeightUpdateMode = field(default="abort", metadata=_help(
         "before a weight update the router stops dispatching, then abort: aborts the requests in "
-        "flight (they resume on the new weights from their partial tokens); pause: lets them finish "
-        "on the old weights (a drain); in_place: each engine pauses them with their KV cache, the weights "
-        "are updated, they continue on the new ones (no abort, no re-prefill; a sample's tokens then span two "
-        "versions, recorded per token)"))
+        "flight (they resume on the new weights from their partial tokens); drain: lets them finish "
+        "on the old weights (pause: its old name); in_place: each engine holds them with their KV cache, the "
+        "weights are updated, they continue on the new ones (no abort, no re-prefill; a sample's tokens then "
+        "span two versions, recorded per token); retract: each engine moves them back to its queue and "
+        "re-prefills them on the new weights (slime_async/quiesce.py)"))
     weight_update_timeout: float = field(default=300.0, metadata=_help(
         "seconds each part of a weight sync may take: the trainer's export, an engine's load, the router's "
         "abort and confirmation (a pause's drain is not limited)"))
@@ -55,6 +61,10 @@ class LoopConfig:
         "replay rollouts dumped by --save-debug-rollout-data"))
 
     def validate(self) -> None:
+        if self.weight_update_mode in RENAMED:
+            new = RENAMED[self.weight_update_mode]
+            log.warning("--weight-update-mode %s is now called %s", self.weight_update_mode, new)
+            self.weight_update_mode = new  # type: ignore[assignment]
         if self.update_weights_interval <= 0:
             raise ValueError(f"--update-weights-interval must be > 0, got {self.update_weights_interval}")
         if self.debug_rollout_only and self.debug_train_only:
@@ -62,9 +72,6 @@ class LoopConfig:
         if self.debug_train_only and not self.load_debug_rollout_data:
             raise ValueError("--debug-train-only needs --load-debug-rollout-data DIR")
         self.delta_receivers()
-        if self.update_weight_transport == "tensor" and not self.colocate:
-            raise ValueError("--update-weight-transport tensor needs --colocate (IPC handles are opened on the "
-                             "trainer's own devices)")
         if self.colocate:
             self._check_colocate()
 

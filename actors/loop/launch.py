@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import time
@@ -22,13 +21,12 @@ from actors.buffer import BufferActor
 from actors.critic.config import critic_checkpoint, critic_trainer_config
 from actors.engine.fleet import build_fleet
 from actors.loop.placement import export_dir_check, in_cluster
-from actors.loop.colocate import Colocation
 from actors.loop.checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
 from actors.loop.critic import uses_critic
 from actors.loop.train_loop import Handles, RunProgress, train_loop
 from actors.loop.replay import replay_loop
 from actors.loop.sft import sft_loop
-from actors.loop.weight_sync import WeightSync
+from actors.weight_sync.actor import WeightSyncActor
 from actors.monitor import MonitorActor
 from actors.rollout.actor import RolloutActor
 from actors.rollout.data import PromptDataset, eval_datasets, prompt_dataset
@@ -140,8 +138,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     trainer_gpus = 0 if config.train.debug_rollout_only or not gpu_available else config.trainer.actor_num_gpus_per_node
     critic_first_gpu = critic_gpu_offset(config, trainer_gpus, torch.cuda.device_count() if gpu_available else 0)
     trainer_gpus += critic_first_gpu  # 0 when the critic shares the policy's GPUs
-    if config.train.colocate:
-        trainer_gpus = 0  # the engines take the trainer's own GPUs, from GPU 0
+    if config.train.colocate or config.train.update_weight_transport == "tensor":
+        trainer_gpus = 0  # the engines take the trainer's own GPUs, from GPU 0 (IPC handles stay on a device)
     fleet = await build_fleet(config.engine, config.trainer.hf_checkpoint, logs, gpu_available=gpu_available,
                               first_gpu=trainer_gpus, gpu_count=torch.cuda.device_count() if gpu_available else 0,
                               nodes=cluster.nodes, trainer_nodes=config.trainer.actor_num_nodes,
@@ -169,6 +167,13 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
                                                                      critic_first_gpu=critic_first_gpu,
                                                                      nodes=cluster.nodes, trace=trace))))
 
+        specs.append(ChildSpec("weight_sync", lambda: spawn(WeightSyncActor(
+            child("trainer"), child("router"), config.train.update_weight_transport, config.train.weight_update_mode,
+            run_dir / "weights", api_key=config.engine.engine_api_key, timeout=config.train.weight_update_timeout,
+            delta_receivers=fleet.delta_receivers | config.train.delta_receivers(),
+            export_dir_check=export_dir_check(cluster, fleet, child("trainer"), run_dir / "weights"),
+            colocate=config.train.colocate, trace=trace))))
+
     async def start_rollout():
         rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
                                tokenizer=tokenizer, vocab_size=_vocab_size(config),
@@ -185,19 +190,9 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         trainer = None if config.train.debug_rollout_only else child("trainer")
         checkpointer = RunCheckpointer(config.checkpoint, trainer=trainer, rollout=child("rollout"),
                                        buffer=child("buffer"), critic=uses_critic(config.algorithm))
-        sync = None
-        if trainer is not None:
-            sync = WeightSync(trainer, child("router"), config.train.update_weight_transport,
-                              config.train.weight_update_mode, run_dir / "weights",
-                              api_key=config.engine.engine_api_key,
-                              timeout=config.train.weight_update_timeout,
-                              delta_receivers=fleet.delta_receivers | config.train.delta_receivers(),
-                              export_dir_check=export_dir_check(cluster, fleet, trainer, run_dir / "weights"),
-                              trace=trace)
-            if config.train.colocate:
-                sync.colocation = Colocation(trainer, child("router"), api_key=config.engine.engine_api_key,
-                                             timeout=config.train.weight_update_timeout)
-            await sync.check_engines()
+        sync = None if trainer is None else child("weight_sync")
+        if sync is not None:
+            await sync.ask("check_engines", timeout=None)
         start_step = start_version = 0
         if trainer is not None and config.critic.critic_load:
             await trainer.ask("load_critic_weights", str(critic_checkpoint(config.critic.critic_load).resolve()),
@@ -207,26 +202,17 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         if sync is not None and (start_version > 0 or restarts or config.engine.engine_type == "external"):
             # Owned engines start from the HF checkpoint; external ones serve whatever they were
             # given last (an earlier run, a failed attempt): give them the weights this run starts from.
-            await sync(start_version)
+            await sync.ask("sync", start_version, timeout=None)
         if config.checkpoint.load:
             await child("buffer").ask("set_version", start_version)
         handles = Handles(rollout=child("rollout"), buffer=child("buffer"), trainer=trainer, router=child("router"),
                           monitor=child("monitor"), weight_sync=sync, checkpointer=checkpointer,
                           eval_dataset=eval_dataset, total_steps=total_steps, start_step=start_step,
-                          start_version=start_version, restarts=restarts, progress=progress, trace=trace)
-        if sync is not None and sync.colocation is not None:
-            handles.colocation = sync.colocation
-            await sync.colocation.start()  # the first rollout has the devices
-        # A restarted or re-registered engine gets the current weights before it gets work.
-        rejoins = asyncio.ensure_future(sync.watch_engines()) if sync is not None else None
-        try:
-            code = await with_outcome(child("monitor"), train_loop(config, handles))
-        finally:
-            if rejoins is not None:
-                rejoins.cancel()
-                await asyncio.gather(rejoins, return_exceptions=True)
-            if sync is not None:
-                await sync.close()  # the weight-update group, on the trainer and the engines
+                          start_version=start_version, restarts=restarts, progress=progress,
+                          colocate=config.train.colocate, trace=trace)
+        if sync is not None:
+            await sync.ask("hand_devices_to_engines", timeout=None)  # colocated: the first rollout has the devices
+        code = await with_outcome(child("monitor"), train_loop(config, handles))
         print(f"run finished: {run_dir}", file=sys.stderr)
         return code
 

@@ -16,11 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.loop.batching import advantage_logprobs, build_train_batch
-from actors.loop.colocate import Colocation
 from actors.loop.checkpoint import RunCheckpointer
 from actors.loop.critic import critic_values, train_critic, trains_policy, uses_critic
 from actors.loop.debug_dump import dump_groups
-from actors.loop.weight_sync import WeightSync
 from actors.loop.run_config import RunConfig
 from slime_async.actor import ActorRef
 from slime_async.task_group import task_group
@@ -45,7 +43,7 @@ class Handles:
     trainer: ActorRef | None
     router: ActorRef
     monitor: ActorRef
-    weight_sync: WeightSync | None
+    weight_sync: ActorRef | None  # actors/weight_sync: None with --debug-rollout-only
     checkpointer: RunCheckpointer | None
     eval_dataset: Any | None
     total_steps: int
@@ -53,7 +51,7 @@ class Handles:
     start_version: int = 0
     restarts: int = 0  # how often this run was restarted from a checkpoint after a failure
     progress: RunProgress = field(default_factory=RunProgress)
-    colocation: Colocation | None = None  # --colocate: engines and trainer take turns on the devices
+    colocate: bool = False  # --colocate: engines and trainer take turns on the devices (the weight sync's phases)
     trace: TraceRecorder = field(default_factory=TraceRecorder.off)  # --trace-dir
 
 
@@ -77,7 +75,7 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
                 log.warning("prompt data ran out after %d of %d steps", step, h.total_steps)
                 break
             # Colocated: the engines release the devices, the trainer's state comes back to them.
-            colocated = await h.colocation.to_trainer() if h.colocation is not None else {}
+            colocated = await h.weight_sync.ask("hand_devices_to_trainer", timeout=None) if h.colocate else {}
             temperature = rollout_cfg.logprob_temperature
             ref_logprobs = old_logprobs = None
             if h.trainer is not None:
@@ -104,7 +102,7 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
             step += 1
             if h.weight_sync is not None and step % config.train.update_weights_interval == 0:
                 version += 1
-                metrics["perf/weight_sync_time"] = await h.weight_sync(version)
+                metrics["perf/weight_sync_time"] = await h.weight_sync.ask("sync", version, timeout=None)
                 await h.buffer.ask("set_version", version)
             metrics["perf/step_time"] = time.monotonic() - started
             h.trace.record(f"step {step}", h.trace.lane("train loop", "steps"), step_started, cat="train_step",
@@ -115,7 +113,7 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
             metrics.update(await h.buffer.ask("metrics"))
             metrics.update(await h.router.ask("metrics"))
             if h.weight_sync is not None:
-                metrics.update(h.weight_sync.metrics())
+                metrics.update(await h.weight_sync.ask("metrics"))
             h.monitor.tell("log", step, metrics)
             h.progress.steps_trained += 1
             if h.eval_dataset is not None and config.rollout.eval_interval and step % config.rollout.eval_interval == 0:
@@ -133,7 +131,13 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
 
 async def _on_device(h: Handles, work: Awaitable[Any]) -> Any:
     """Colocated, the trainer's state is in host memory between steps: a checkpoint brings it back first."""
-    return await (h.colocation.on_device(work) if h.colocation is not None else work)
+    if not h.colocate:
+        return await work
+    await h.weight_sync.ask("trainer_on_device", timeout=None)
+    try:
+        return await work
+    finally:
+        await h.weight_sync.ask("trainer_off_device", timeout=None)
 
 
 async def _no_update() -> dict[str, float]:

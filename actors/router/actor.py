@@ -13,9 +13,9 @@ health and load, the session table) and does the I/O around it:
 - a load loop polls ``/v1/loads`` so load from other clients of an engine counts too.
 - ``pause``/``resume`` bracket a weight update: from ``pause`` until ``resume`` has confirmed
   an engine's weight version, nothing at all is sent to that engine; requests wait in the router.
-  Pause mode ``in_place`` leaves the requests already on an engine there: the engine itself
-  pauses them with their KV (SGLang ``pause_generation`` mode in_place) and ``resume`` continues
-  them on the new weights.
+  The mode is one of slime_async/quiesce.py's: ``in_place`` and ``retract`` leave the requests
+  already on an engine there (the engine itself pauses them, SGLang ``pause_generation``) and
+  ``resume`` continues them on the new weights.
 - ``engine_capacities`` reports what each engine can hold at once (``/server_info``, read when
   it is admitted), from which the rollout sizes its concurrency (``policies.concurrency``);
   with ``wait_for_first_read`` it answers once the start's reads are in (each bounded by
@@ -33,7 +33,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 
@@ -54,13 +54,12 @@ from slime_async.engine_client import (
     RetryPolicy,
     new_engine_session,
 )
+from slime_async.quiesce import QuiesceMode, check_mode, engine_pause_mode
 from slime_async.sample import policy_version
+from slime_async.task_group import gather_or_cancel, gather_settled
 from slime_async.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
-
-PauseMode = Literal["abort", "drain", "in_place"]
-PAUSE_MODES = ("abort", "drain", "in_place")
 
 # Per /v1/loads poll, the external-load estimate falls 30% of the way to a lower sample.
 LOAD_DECAY = 0.7
@@ -166,14 +165,13 @@ class RouterActor(Actor):
         return self._front.recorder.take(session_id)
 
     # ----- handlers: weight sync -------------------------------------------------------------
-    def pause(self, mode: PauseMode = "abort", urls: Sequence[str] | None = None) -> Deferred:
+    def pause(self, mode: QuiesceMode = "abort", urls: Sequence[str] | None = None) -> Deferred:
         """Stop dispatching to ``urls`` (all engines by default) and return once nothing of
         ours runs on them: ``abort`` aborts in-flight requests (they return to their callers
         with finish_reason abort and the tokens so far), ``drain`` lets them finish. New
-        requests wait in the router until ``resume``. ``in_place`` instead has each engine pause
-        them where they are (KV kept) and returns at once; ``resume`` continues them."""
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"router.pause: mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        requests wait in the router until ``resume``. ``in_place`` and ``retract`` instead have
+        each engine pause them where they are and return at once; ``resume`` continues them."""
+        check_mode(mode, "router.pause")
         targets = self._select(urls)
         if urls is None:
             self._pause_all = True
@@ -420,9 +418,10 @@ class RouterActor(Actor):
             self._mark_stale(engine, engine.weight_version)
 
     # ----- weight sync ----------------------------------------------------------------------------
-    async def _quiesce(self, targets: list[EngineState], mode: PauseMode) -> dict[str, str]:
-        if mode == "in_place":
-            await asyncio.gather(*(self._pause_in_place(engine) for engine in targets))
+    async def _quiesce(self, targets: list[EngineState], mode: QuiesceMode) -> dict[str, str]:
+        engine_mode = engine_pause_mode(mode)
+        if engine_mode is not None:
+            await gather_or_cancel(*(self._pause_in_place(engine, engine_mode) for engine in targets))
             return {engine.url: engine.state for engine in targets}
         interval = self.config.router_abort_interval
         while True:
@@ -432,15 +431,17 @@ class RouterActor(Actor):
             if mode == "abort":
                 # Repeated: a request sent just before the pause may reach the engine after
                 # the first abort_all.
-                await asyncio.gather(*(self._abort_all(engine) for engine in busy))
+                await gather_or_cancel(*(self._abort_all(engine) for engine in busy))
             await self._next_change(interval if mode == "abort" else None)
 
-    async def _pause_in_place(self, engine: EngineState) -> None:
+    async def _pause_in_place(self, engine: EngineState, engine_mode: str) -> None:
+        """The engine holds its requests through the update (SGLang ``pause_generation``
+        ``in_place``: with their KV; ``retract``: back in its queue)."""
         if engine.health is Health.DOWN:
             return  # nothing of ours runs there; resume() checks it like any other
         try:
             version = engine.weight_version or await self._weight_version(engine)
-            await engine.client.pause_generation("in_place", timeout=self.config.router_health_timeout)
+            await engine.client.pause_generation(engine_mode, timeout=self.config.router_health_timeout)
         except EngineError as error:
             # Its requests fail over when their connections break; resume() re-checks it.
             self._mark_down(engine, f"in-place pause failed: {error}")
@@ -469,10 +470,8 @@ class RouterActor(Actor):
 
     async def _confirm(self, targets: list[EngineState], check_version: bool) -> dict[str, str]:
         # Engines paused in place continue their requests first (on the weights now loaded).
-        await asyncio.gather(*(self._continue(e) for e in targets if e.paused_in_place))
-        versions = await asyncio.gather(
-            *(self._weight_version(engine) for engine in targets if check_version), return_exceptions=True
-        )
+        await gather_or_cancel(*(self._continue(e) for e in targets if e.paused_in_place))
+        versions = await gather_settled(*(self._weight_version(engine) for engine in targets if check_version))
         for index, engine in enumerate(targets):
             engine.paused = False
             if not check_version:

@@ -31,7 +31,8 @@ import torch
 from actors.trainer import worker
 from actors.trainer.config import TrainerConfig
 from actors.trainer.dp_split import split_across_dp, split_into_global_batches
-from actors.trainer.protocol import RankInfo, SampleLogprobs, WeightGroupSpec
+from actors.trainer.protocol import RankInfo, SampleLogprobs
+from slime_async.weights.protocol import WeightGroupSpec
 from policies.loss_spec import LossSpec
 from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
 from slime_async.child_env import PACKAGES_ROOT, child_pythonpath
@@ -41,7 +42,7 @@ from slime_async.process import ProcessChild, ProcessExited, ProcessSpec, log_ta
 from slime_async.rpc import RpcBridge, RpcError
 from slime_async.trace import TraceRecorder
 from slime_async.net import free_port
-from slime_async.weight_group import nccl_env_defaults
+from slime_async.weights.process_group import nccl_env_defaults
 
 log = logging.getLogger(__name__)
 
@@ -520,6 +521,16 @@ class TrainerActor(Actor):
         """The largest rank's peak device bytes since the last call (CUDA allocated; CPU resident)."""
         return self.defer(self._max(self._all("memory_peak")))
 
+    def device_pids(self) -> Deferred:
+        """Every process on the ranks' GPUs (None where that cannot be told: CPU, or NVML blind
+        to this pid namespace): whether an engine shares the trainer's devices."""
+        return self.defer(self._device_pids(self._all("device_pids")))
+
+    @staticmethod
+    async def _device_pids(results: Awaitable[list[list[int] | None]]) -> list[int] | None:
+        per_rank = await results
+        return None if any(pids is None for pids in per_rank) else sorted({p for pids in per_rank for p in pids})
+
     @staticmethod
     async def _max(results: Awaitable[list[float]]) -> float:
         """The largest of every rank's answer (the slowest rank's seconds, the largest peak)."""
@@ -536,7 +547,7 @@ class TrainerActor(Actor):
     def weight_master(self) -> Deferred:
         """(address, port) of the store trainer rank 0 hosts for every weight-update group: the
         rank binds the port itself before it is reported, so nothing can take it in between (on
-        every interface: the address is rank 0's node IP, slime_async.weight_group.listening_store)."""
+        every interface: the address is rank 0's node IP, slime_async.weights.process_group.listening_store)."""
         return self.defer(self._weight_master())
 
     async def _weight_master(self) -> tuple[str, int]:

@@ -12,13 +12,15 @@ the orchestration is the same code on both.
 
 The export: ``next_tensor_bucket`` gathers the next bucket of full HF-named tensors (TP
 all-gathers: collective, every rank is called) and, on the ranks that serve an engine TP
-worker, returns them as IPC handles (slime_async.tensor_ipc) while holding the tensors alive
+worker, returns them as IPC handles (slime_async.weights.tensor_ipc) while holding the tensors alive
 until the next call, after the engines have copied them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -26,7 +28,7 @@ import torch
 
 from actors.trainer.bridge import iter_hf_weight_buckets, unwrap_model
 from slime_async.memory_stats import peak_rss_bytes
-from slime_async.tensor_ipc import serialize_named_tensors
+from slime_async.weights.tensor_ipc import serialize_named_tensors
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,19 @@ class ColocatedRank:
         """Drop the export (after the last bucket, or when the sync gave up half-way)."""
         self._export = None
         self._held = None
+
+    def device_pids(self) -> list[int] | None:
+        """The processes on this rank's GPU, by NVML, for the tensor transport's check that an
+        engine shares it; None on CPU, or where NVML does not see this very process (a container's
+        own pid namespace): then nothing can be told."""
+        if not torch.cuda.is_available():
+            return None
+        try:  # "GPU:0\nprocess   1234 uses  512.000 MB GPU memory" (torch asks NVML)
+            listing = torch.cuda.list_gpu_processes(torch.cuda.current_device())
+        except Exception:  # noqa: BLE001 - no NVML: the check cannot be made
+            return None
+        pids = [int(pid) for pid in re.findall(r"process\s+(\d+)\s+uses", listing)]
+        return pids if os.getpid() in pids else None
 
     def memory_peak(self) -> int:
         """Peak device bytes (CUDA: allocated; CPU: resident) since the last call."""

@@ -9,7 +9,7 @@ Protocol (the supervisor drives both sides):
    kept for the syncs that follow until the supervisor destroys it;
 3. ``broadcast_weights`` on the trainer while every engine is POSTed
    ``/update_weights_from_distributed`` once per bucket, in order, with that bucket's metadata:
-   one broadcast per bucket (a flattened bucket, ``slime_async.flat_bucket``) or, the old way,
+   one broadcast per bucket (a flattened bucket, ``slime_async.weights.flat_bucket``) or, the old way,
    one per tensor.
 
 Gathering full tensors across TP (and PP stages) is collective, so every rank of DP replica 0
@@ -26,9 +26,9 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from actors.trainer.bridge import iter_hf_weight_buckets
-from actors.trainer.protocol import TensorMeta, WeightGroupSpec
-from slime_async.flat_bucket import flatten
-from slime_async.weight_group import (DEFAULT_TIMEOUT, destroy_custom_process_group, init_custom_process_group,
+from slime_async.weights.protocol import TensorMeta, WeightGroupSpec
+from slime_async.weights.flat_bucket import flatten
+from slime_async.weights.process_group import (DEFAULT_TIMEOUT, destroy_custom_process_group, init_custom_process_group,
                                       listening_store)
 
 

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from benchmarks.gpu.qwen_shapes import write_random_model  # noqa: E402
 from slime_async.dtypes import dtype_from_name  # noqa: E402
-from slime_async.flat_bucket import nbytes  # noqa: E402
+from slime_async.weights.flat_bucket import nbytes  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 BACKEND = "nccl" if CUDA else "gloo"
@@ -46,7 +46,7 @@ BACKEND = "nccl" if CUDA else "gloo"
 # The raw-bandwidth peer: joins the group as rank 1 and receives what rank 0 broadcasts.
 _PEER = """
 import sys, torch, torch.distributed as dist
-from slime_async.weight_group import init_custom_process_group
+from slime_async.weights.process_group import init_custom_process_group
 port, sizes, rounds = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
 device = "cuda" if torch.cuda.is_available() else "cpu"
 group = init_custom_process_group("nccl" if device == "cuda" else "gloo", f"tcp://127.0.0.1:{port}", 2, 1, "raw")
@@ -61,7 +61,7 @@ for _ in range(rounds):
 
 def raw_broadcast_gbps(sizes: list[int], peer_gpu: str | None, repeats: int) -> float:
     """GB/s of broadcasting buffers of ``sizes`` bytes to a bare peer process (median of rounds)."""
-    from slime_async.weight_group import init_custom_process_group, listening_store
+    from slime_async.weights.process_group import init_custom_process_group, listening_store
 
     store = listening_store("127.0.0.1", timeout=timedelta(minutes=2))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -94,7 +94,7 @@ def raw_broadcast_gbps(sizes: list[int], peer_gpu: str | None, repeats: int) -> 
 async def measure(args: argparse.Namespace, model_dir: Path, work: Path) -> None:
     import aiohttp
 
-    from actors.loop.weight_group import EngineSetGroup, engine_identity, send_weights
+    from actors.weight_sync.distributed import EngineSetGroup, engine_identity, send_weights
     from actors.trainer.actor import TrainerActor
     from actors.trainer.config import TrainerConfig
     from slime_async.actor import spawn

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import base_argv
-from slime_async.weight_delta.sender import Snapshot
+from actors.weight_sync.delta import Snapshot
 
 # Each case is one short run; on a busy shared machine its start-up alone can take minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -35,7 +35,8 @@ def test_colocate_moves_weights_by_tensor_handles(mode):
     # An explicit disk is refused, not silently replaced by tensor.
     (["--update-weight-transport", "disk"], r"--colocate with --update-weight-transport disk"),
     (["--weight-update-mode", "in_place"], r"--colocate with --weight-update-mode in_place: .* use abort"),
-    (["--weight-update-mode", "pause"], r"--colocate with --weight-update-mode pause"),
+    (["--weight-update-mode", "drain"], r"--colocate with --weight-update-mode drain"),
+    (["--weight-update-mode", "retract"], r"--colocate with --weight-update-mode retract"),
     (["--engine-type", "sglang"], r"needs --sglang-enable-memory-saver"),
     ([*SGLANG, "--rollout-num-gpus", "2"], r"the trainer's GPUs \(--actor-num-gpus-per-node × --actor-num-nodes = 1\) "
                                            r"must be the engines' \(--rollout-num-gpus 2\)"),
@@ -59,9 +60,11 @@ def test_the_transport_left_unset_is_disk_without_colocate_and_the_resolved_conf
     assert config.resolve() == config
 
 
-def test_the_tensor_transport_without_colocate_is_refused():
-    with pytest.raises(ConfigError, match="--update-weight-transport tensor needs --colocate"):
-        parse_run_config([*REQUIRED[:-1], "--update-weight-transport", "tensor"])
+def test_the_tensor_transport_without_colocate_is_accepted_for_engines_resident_on_the_trainers_devices():
+    # Both resident on one GPU (fully-async or one-step-off): whether the engines really are on the
+    # trainer's devices is checked at start (actors/weight_sync/tensor.py, tests/loop/test_tensor_transport.py).
+    config = parse_run_config([*REQUIRED[:-1], "--update-weight-transport", "tensor", "--train-mode", "fully-async"])
+    assert config.train.update_weight_transport == "tensor" and not config.train.colocate
 
 
 def test_the_cli_prints_one_line_without_a_traceback(capsys):

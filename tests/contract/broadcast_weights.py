@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from slime_async.weight_group import destroy_custom_process_group, init_custom_process_group
+from slime_async.weights.process_group import destroy_custom_process_group, init_custom_process_group
 
 
 def load_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:

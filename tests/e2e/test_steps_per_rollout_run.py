@@ -71,7 +71,7 @@ def test_tensorboard_has_the_live_clip_metrics(run):
     assert max(clipfrac) > 0.0 and all(value != 0.0 for value in ppo_kl)
 
 
-# One colocated step, as each side logs it (actors/loop/colocate.py, actors/engine/cpu/memory.py,
+# One colocated step, as each side logs it (actors/weight_sync/colocate.py, actors/engine/cpu/memory.py,
 # actors/trainer/colocate.py).
 SUPERVISOR_STEP = ["release_memory", "onload", "offload", "resume_weights", "update_weights_from_tensor", "offload",
                    "resume_kv_cache"]

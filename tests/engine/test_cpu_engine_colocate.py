@@ -17,12 +17,12 @@ from actors.engine.cpu.memory import MemoryOccupation
 from actors.engine.cpu.model_runner import ModelRunner
 from actors.engine.cpu.protocol import SamplingParams
 from actors.engine.cpu.scheduler import REFUSED, Request, Scheduler, SchedulerConfig
-from actors.loop.colocate import ColocateError, Colocation
+from actors.weight_sync.colocate import ColocateError, Colocation
 from actors.router.actor import RouterActor
 from actors.router.config import RouterConfig
 from slime_async.actor import Actor, ActorRef, ActorStopped, spawn
 from slime_async.engine_client import EngineClient, EngineHTTPError
-from slime_async.tensor_ipc import serialize_named_tensors
+from slime_async.weights.tensor_ipc import serialize_named_tensors
 
 PROMPT = [5, 9, 13, 2, 7]
 

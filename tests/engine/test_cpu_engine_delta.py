@@ -1,4 +1,4 @@
-"""The CPU engine's delta weight updates (/weights_delta/*, slime_async/weight_delta/wire.py):
+"""The CPU engine's delta weight updates (/weights_delta/*, slime_async/weights/delta/wire.py):
 what it serves after a full and after a delta transfer is the sent state, bit for bit; and the
 receiver that sits beside an SGLang engine (actors/engine/delta_receiver.py), here in front of
 the CPU engine's SGLang-compatible /update_weights_from_disk.
@@ -24,8 +24,8 @@ import torch
 from actors.engine.config import EngineConfig
 from actors.engine.fleet import delta_receiver_spec
 from slime_async.net import free_port
-from slime_async.weight_delta import wire
-from slime_async.weight_delta.sender import DeltaSender, DeltaSyncError, Snapshot
+from slime_async.weights.delta import wire
+from actors.weight_sync.delta import DeltaSender, DeltaSyncError, Snapshot
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.buffer import BufferActor, BufferConfig
-from actors.loop.weight_sync import WeightSync
+from actors.weight_sync.actor import WeightSyncActor
 from actors.rollout.actor import RolloutActor
 from actors.rollout.config import RolloutConfig
 from actors.rollout.data import Prompt
@@ -108,7 +108,7 @@ async def test_an_in_place_sync_keeps_requests_running_and_their_later_tokens_ca
     engine_url, old_dir, new_dir = restored_engine_url, tiny_model_dir, other_weights_dir
     router = await spawn(RouterActor(RouterConfig(), [engine_url]))
     trainer = await spawn(ExportingTrainer(new_dir))
-    sync = WeightSync(trainer=trainer, router=router, transport="disk", mode="in_place", weights_dir=tmp_path)
+    sync = await spawn(WeightSyncActor(trainer, router, "disk", "in_place", tmp_path))
     ctx = GenerateContext(router, None, RolloutConfig())
     samples = [Sample(group_index=0, index=i, tokens=list(PROMPT)) for i in range(2)]
     before = await server_stats(engine_url)
@@ -117,13 +117,13 @@ async def test_an_in_place_sync_keeps_requests_running_and_their_later_tokens_ca
         async with asyncio.timeout(60):
             while (await server_stats(engine_url))["num_decode_steps"] < before["num_decode_steps"] + 8:
                 await asyncio.sleep(0.01)  # the sync must land well before the 96th token
-        await sync(1)
+        await sync.ask("sync", 1)
         async with asyncio.timeout(120):
             finishes = await asyncio.gather(*turns)
         after = await server_stats(engine_url)
         fresh = await router.ask("generate", PROMPT, {**LONG, "max_new_tokens": 10}, timeout=60)
     finally:
-        for ref in (router, trainer):
+        for ref in (sync, router, trainer):
             await ref.stop()
     assert finishes == ["length"] * 2
     assert after["num_aborted"] == before["num_aborted"] and after["num_retracted"] == before["num_retracted"]

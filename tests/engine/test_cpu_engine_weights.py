@@ -35,7 +35,7 @@ import json, sys
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
-from slime_async.weight_group import init_custom_process_group, destroy_custom_process_group
+from slime_async.weights.process_group import init_custom_process_group, destroy_custom_process_group
 
 port, weights_file, plan_file = sys.argv[1], sys.argv[2], sys.argv[3]
 plan = json.load(open(plan_file))

@@ -25,7 +25,7 @@ from actors.engine.sglang import (
     build_sglang_argv,
     sglang_process_spec,
 )
-from slime_async.weight_group import nccl_env_defaults
+from slime_async.weights.process_group import nccl_env_defaults
 
 # ---- argv
 

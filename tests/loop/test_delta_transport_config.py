@@ -3,7 +3,8 @@
 import pytest
 
 from actors.loop.config import LoopConfig
-from actors.loop.weight_sync import WeightSync, WeightSyncError
+from actors.weight_sync.actor import WeightSyncActor
+from actors.weight_sync.errors import WeightSyncError
 from slime_async.actor import Actor, spawn
 from slime_async.net import free_port
 
@@ -39,8 +40,9 @@ class _Router(Actor):
 async def test_an_engine_without_a_receiver_fails_the_start_naming_it_and_the_way_out(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there: an SGLang engine would answer 404
     router = await spawn(_Router(url))
-    sync = WeightSync(trainer=router, router=router, transport="delta", mode="abort", weights_dir=tmp_path)
+    sync = await spawn(WeightSyncActor(router, router, "delta", "abort", tmp_path))
     with pytest.raises(WeightSyncError, match=rf"engine {url} has no weight-delta receiver .*"
                                               r"--update-weight-delta-receivers ENGINE_URL=RECEIVER_URL"):
-        await sync.check_engines()
+        await sync.ask("check_engines")
+    await sync.stop()
     await router.stop()

@@ -1,4 +1,4 @@
-"""actors.loop.weight_group: a failed sync leaves no call running, and a rebuild destroys the old
+"""actors.weight_sync.distributed: a failed sync leaves no call running, and a rebuild destroys the old
 group on every old member (stand-in engines: tiny real HTTP servers on 127.0.0.1)."""
 
 import asyncio
@@ -6,8 +6,8 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from actors.loop.weight_group import EngineSetGroup, send_weights
-from actors.trainer.protocol import TensorMeta
+from actors.weight_sync.distributed import EngineSetGroup, send_weights
+from slime_async.weights.protocol import TensorMeta
 from slime_async.actor import Actor, spawn
 from slime_async.engine_client import EngineClient, EngineHTTPError
 

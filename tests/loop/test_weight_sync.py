@@ -3,7 +3,9 @@
 import pytest
 
 from actors.loop.run_config import parse_run_config
-from actors.loop.weight_sync import WeightSync, WeightSyncError, broadcast_layout
+from actors.weight_sync.actor import WeightSyncActor
+from actors.weight_sync.distributed import broadcast_layout
+from actors.weight_sync.errors import WeightSyncError
 from slime_async.actor import Actor, spawn
 from slime_async.config.flags import ConfigError
 from slime_async.net import free_port
@@ -59,16 +61,17 @@ async def test_a_distributed_sync_whose_only_engine_died_since_the_last_health_c
     # at times): the sync logs it and resumes, the router keeps the engine out as stale, and the
     # watcher updates it once its restart answers. It used to end the run with EngineUnreachable.
     router, trainer = await spawn(_Router(f"http://127.0.0.1:{free_port()}")), await spawn(_Trainer())
-    sync = WeightSync(trainer=trainer, router=router, transport="distributed", mode="abort", weights_dir=tmp_path)
+    sync = await spawn(WeightSyncActor(trainer, router, "distributed", "abort", tmp_path))
     try:
-        await sync(3)
+        await sync.ask("sync", 3)
     finally:
+        await sync.stop()
         await router.stop()
         await trainer.stop()
     assert router.actor.resumed == ["3"] and trainer.actor.asked == 0
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--update-weight-transport", "nccl"), ("--weight-update-mode", "drain")])
+@pytest.mark.parametrize(("flag", "value"), [("--update-weight-transport", "nccl"), ("--weight-update-mode", "flush")])
 def test_a_transport_or_mode_the_sync_does_not_know_fails_at_parse_naming_the_flag(flag, value):
     with pytest.raises(ConfigError, match=rf"{flag}.*{value}"):
         parse_run_config(["--prompt-data", "p.jsonl", "--hf-checkpoint", "m", flag, value])

@@ -1,10 +1,10 @@
-"""SGLang's flattened weight bucket (slime_async.flat_bucket) and the engine identity of a weight group."""
+"""SGLang's flattened weight bucket (slime_async.weights.flat_bucket) and the engine identity of a weight group."""
 
 import pytest
 import torch
 
-from actors.loop.weight_group import engine_identity
-from slime_async import flat_bucket
+from actors.weight_sync.distributed import engine_identity
+from slime_async.weights import flat_bucket
 
 
 def test_a_bucket_is_its_tensors_bytes_back_to_back_with_no_padding():

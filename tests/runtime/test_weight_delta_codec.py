@@ -1,4 +1,4 @@
-"""slime_async/weight_delta/codec.py: XOR + zstd payloads rebuild tensors bit for bit."""
+"""slime_async/weights/delta/codec.py: XOR + zstd payloads rebuild tensors bit for bit."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from slime_async.weight_delta import codec
+from slime_async.weights.delta import codec
 
 # Bit patterns that float arithmetic would not keep: two NaN payloads, ±inf, −0, a denormal.
 BF16_SPECIAL = [0x7FC0, 0x7FC1, 0xFFFF, 0x7F80, 0xFF80, 0x8000, 0x0001]

@@ -1,4 +1,4 @@
-"""slime_async/weight_delta sender <-> receiver over real HTTP on 127.0.0.1: delta when the
+"""slime_async/weights/delta sender <-> receiver over real HTTP on 127.0.0.1: delta when the
 receiver holds the sender's base, full otherwise, and a full retry after a checksum mismatch."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 from aiohttp import web
 
-from slime_async.weight_delta import codec, wire
-from slime_async.weight_delta.receiver import DeltaReceiver, LoadRejected, routes
-from slime_async.weight_delta.sender import DeltaSender, DeltaSyncError, Snapshot
+from slime_async.weights.delta import codec, wire
+from slime_async.weights.delta.receiver import DeltaReceiver, LoadRejected, routes
+from actors.weight_sync.delta import DeltaSender, DeltaSyncError, Snapshot
 
 
 class Engine:

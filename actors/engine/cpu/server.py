@@ -33,14 +33,14 @@ from actors.engine.cpu.config import EngineArgs, ModelDirError, parse_args
 from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
 from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
 from actors.engine.cpu.scheduler import PAUSE_MODES, REFUSED, Request, Scheduler, SchedulerConfig
-from slime_async import flat_bucket
+from slime_async.weights import flat_bucket
 from slime_async.dtypes import dtype_from_name
 from slime_async.net import serve_until_signalled
 from slime_async.runtime import run as run_event_loop
-from slime_async.tensor_ipc import TensorPayloadError, deserialize_named_tensors
-from slime_async.weight_delta import codec as weight_codec
-from slime_async.weight_delta import receiver as weight_delta
-from slime_async.weight_group import destroy_custom_process_group, init_custom_process_group
+from slime_async.weights.tensor_ipc import TensorPayloadError, deserialize_named_tensors
+from slime_async.weights.delta import codec as weight_codec
+from slime_async.weights.delta import receiver as weight_delta
+from slime_async.weights.process_group import destroy_custom_process_group, init_custom_process_group
 
 logger = logging.getLogger("cpu_engine")
 
@@ -91,7 +91,7 @@ class EngineServer:
         self._model_update_lock = aiorwlock.RWLock()
         # Held across "is it paused?" and the swap that follows, so a continue cannot slip in.
         self._pause_lock = asyncio.Lock()
-        # Delta weight sync (slime_async/weight_delta): the exported tensors of the version served,
+        # Delta weight sync (slime_async/weights/delta): the exported tensors of the version served,
         # kept apart from the model's (which may be another dtype) as the base of the next delta.
         self.delta = weight_delta.DeltaReceiver()
 
@@ -370,7 +370,7 @@ class EngineServer:
     # POST /update_weights_from_tensor {serialized_named_tensors: [str], load_format?, flush_cache?,
     #                                   abort_all_requests?, weight_version?}
     # SGLang 0.5.17's shapes (ReleaseMemoryOccupationReqInput, UpdateWeightsFromTensorReqInput):
-    # serialized_named_tensors holds one payload per TP rank (slime_async.tensor_ipc; one here).
+    # serialized_named_tensors holds one payload per TP rank (slime_async.weights.tensor_ipc; one here).
 
     async def release_memory_occupation(self, request: web.Request) -> web.Response:
         return await self._change_memory(request, "release")
@@ -448,7 +448,7 @@ class EngineServer:
         message = "Succeeded to update model weights."
         return _json({"success": True, "message": self._versioned(message, body), "num_paused_requests": 0})
 
-    async def _load_delta(self, tensors: dict[str, torch.Tensor], version: str) -> str | None:
+    async def _load_delta(self, tensors: dict[str, torch.Tensor], version: str, flush_cache: bool) -> str | None:
         """Swap in weights a delta transfer rebuilt (and checked); SGLang's timing, as from disk.
         Returns the checksum of what it then serves where the model has the sent dtypes."""
         async with self._update_lock:
@@ -456,7 +456,7 @@ class EngineServer:
                 staged = await asyncio.to_thread(self.runner.stage, tensors, "weight delta")
             except WeightUpdateError as exc:
                 raise weight_delta.LoadRejected(f"Failed to update weights: {exc}") from exc
-            await self._swap(staged, {"weight_version": version})
+            await self._swap(staged, {"weight_version": version, "flush_cache": flush_cache})
         if all(t.dtype == self.runner.dtype for t in tensors.values()):
             return await self._served(sorted(tensors))
         return None

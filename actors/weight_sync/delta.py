@@ -1,4 +1,4 @@
-"""The trainer-side end of delta weight sync: stream one version to one receiver (wire.py).
+"""The delta transport: stream one version to each engine's receiver (slime_async/weights/delta/wire.py).
 
 ``Snapshot`` is a version's tensors with their checksums. ``DeltaSender.push`` asks the
 receiver which version it holds, streams a delta against the sender's base where the receiver
@@ -10,8 +10,9 @@ payload is encoded once per (version, base) and shared by every receiver on that
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,14 @@ import aiohttp
 import orjson
 import torch
 
-from slime_async.weight_delta import codec, wire
+from actors.weight_sync.disk import DiskTransport
+from actors.weight_sync.errors import WeightSyncError
+from slime_async.actor import ActorRef
+from slime_async.engine_client import EngineClient
+from slime_async.task_group import gather_settled
+from slime_async.weights.delta import codec, wire
+
+log = logging.getLogger(__name__)
 
 
 class DeltaSyncError(RuntimeError):
@@ -75,7 +83,8 @@ class DeltaSender:
         self._encoded = {key: value for key, value in self._encoded.items() if key[0] == keep}
 
     async def push(self, session: aiohttp.ClientSession, url: str, target: Snapshot, base: Snapshot | None, *,
-                   headers: Mapping[str, str] | None = None, timeout: float | None = 300.0) -> PushResult:
+                   headers: Mapping[str, str] | None = None, timeout: float | None = 300.0,
+                   flush_cache: bool = True) -> PushResult:
         """Bring the receiver at ``url`` to ``target``; raises DeltaSyncError naming ``url``."""
         started = time.monotonic()
         state = await self.receiver_state(session, url, headers, timeout)
@@ -84,7 +93,7 @@ class DeltaSender:
         sent = 0
         fallback = None
         if holds_base:
-            status, answer, nbytes = await self._post(session, url, target, base, headers, timeout)
+            status, answer, nbytes = await self._post(session, url, target, base, headers, timeout, flush_cache)
             sent += nbytes
             if status == 200:
                 return PushResult(url, "delta", sent, _raw_bytes(target), time.monotonic() - started,
@@ -92,7 +101,7 @@ class DeltaSender:
             if answer.get("reason") not in ("base_mismatch", "checksum_mismatch"):
                 raise DeltaSyncError(f"weight delta to {url} failed ({status}): {answer.get('message')}")
             fallback = str(answer.get("reason"))
-        status, answer, nbytes = await self._post(session, url, target, None, headers, timeout)
+        status, answer, nbytes = await self._post(session, url, target, None, headers, timeout, flush_cache)
         sent += nbytes
         if status != 200:
             raise DeltaSyncError(f"full weight transfer to {url} failed ({status}): {answer.get('message')}")
@@ -114,9 +123,10 @@ class DeltaSender:
             raise DeltaSyncError(f"cannot reach the weight-delta receiver at {url}: {exc!r}") from exc
 
     async def _post(self, session: aiohttp.ClientSession, url: str, target: Snapshot, base: Snapshot | None,
-                    headers: Mapping[str, str] | None, timeout: float | None) -> tuple[int, dict[str, Any], int]:
+                    headers: Mapping[str, str] | None, timeout: float | None,
+                    flush_cache: bool) -> tuple[int, dict[str, Any], int]:
         counter = [0]
-        body = self._stream(target, base, counter)
+        body = self._stream(target, base, counter, flush_cache)
         try:
             async with session.post(url + wire.UPDATE_PATH, data=body,
                                     headers={**(headers or {}), "Content-Type": wire.CONTENT_TYPE},
@@ -130,8 +140,9 @@ class DeltaSender:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise DeltaSyncError(f"weight transfer to {url} broke off: {exc!r}") from exc
 
-    async def _stream(self, target: Snapshot, base: Snapshot | None, counter: list[int]) -> AsyncIterator[bytes]:
-        begin = {"kind": "begin", "mode": "delta" if base is not None else "full",
+    async def _stream(self, target: Snapshot, base: Snapshot | None, counter: list[int],
+                      flush_cache: bool) -> AsyncIterator[bytes]:
+        begin = {"flush_cache": flush_cache, "kind": "begin", "mode": "delta" if base is not None else "full",
                  "base_version": base.version if base else None, "base_checksum": base.checksum if base else None,
                  "weight_version": target.version, "count": len(target.tensors), "checksum": target.checksum}
         for chunk in (wire.preamble(), wire.frame(begin)):
@@ -179,3 +190,87 @@ def _confirmed(url: str, target: Snapshot, answer: Mapping[str, Any]) -> str | N
 
 def _raw_bytes(snapshot: Snapshot) -> int:
     return sum(meta.nbytes for meta in snapshot.metas.values())
+
+
+class DeltaTransport:
+    """Each engine's receiver gets the XOR of the new weights against the version it holds.
+
+    The supervisor holds this version and the last one (2x the weights) while it sends. A
+    receiver is the engine itself (the CPU engine) or a ``delta_receiver`` beside it (SGLang),
+    which loads what it received from disk (``flush_cache`` is its concern, told per push).
+    """
+
+    def __init__(self, trainer: ActorRef, weights_dir: Path, receivers: Mapping[str, str], *,
+                 timeout: float | None = 300.0, api_key: str | None = None) -> None:
+        self.disk = DiskTransport(trainer, weights_dir, timeout=timeout)
+        self.receivers = dict(receivers)  # engine URL -> its receiver's URL; unnamed: its own
+        self.timeout = timeout
+        self.api_key = api_key
+        self._sender = DeltaSender()
+        self._base: Snapshot | None = None  # the last version sent: what a delta is computed against
+        self._results: list[PushResult] = []  # the transfers of the last sync or rejoin
+
+    async def check(self, clients: Sequence[EngineClient]) -> None:
+        async with aiohttp.ClientSession() as session:
+            results = await gather_settled(*(self._sender.receiver_state(session, self._receiver(c.url), timeout=30.0)
+                                             for c in clients))
+        for client, result in zip(clients, results):
+            if isinstance(result, BaseException):
+                raise WeightSyncError(
+                    f"--update-weight-transport delta: engine {client.url} has no weight-delta receiver ({result}); "
+                    "the CPU engine is its own, an SGLang engine needs `python -m actors.engine.delta_receiver` "
+                    "beside it, named in --update-weight-delta-receivers ENGINE_URL=RECEIVER_URL")
+
+    async def send(self, clients: Sequence[EngineClient], version: int, *, flush_cache: bool) -> list[object]:
+        path = await self.disk.export(version)
+        target = await asyncio.to_thread(Snapshot.from_hf_dir, str(version), path)
+        results = await self._push(clients, target, flush_cache=flush_cache)
+        self._base = target
+        self._sender.forget(keep=target.version)
+        self.disk.prune(version)
+        return results
+
+    async def rejoin(self, client: EngineClient, version: int) -> list[object]:
+        # The version last sent; a restarted engine's receiver holds none: a full transfer.
+        return await self._push([client], self._base, flush_cache=False)
+
+    async def _push(self, clients: Sequence[EngineClient], target: Snapshot | None, *,
+                    flush_cache: bool) -> list[object]:
+        if target is None:
+            raise WeightSyncError("delta transport: no version has been exported yet")
+        base = self._base
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        async with aiohttp.ClientSession() as session:
+            results = await gather_settled(*(
+                self._sender.push(session, self._receiver(c.url), target, base, headers=headers, timeout=self.timeout,
+                                  flush_cache=flush_cache)
+                for c in clients))
+        self._results = [r for r in results if isinstance(r, PushResult)]
+        for result in self._results:
+            log.info("weight sync v%s -> %s: %s transfer, %d bytes on the wire for %d bytes of weights, %.2f s%s%s",
+                     target.version, result.url, result.mode, result.wire_bytes, result.full_bytes, result.seconds,
+                     f" (the delta failed: {result.fallback})" if result.fallback else "",
+                     f", served checksum {result.served_checksum}" if result.served_checksum else "")
+        return results
+
+    def _receiver(self, engine_url: str) -> str:
+        return self.receivers.get(engine_url, engine_url).rstrip("/")
+
+    @property
+    def results(self) -> list[PushResult]:
+        """Each engine's transfer in the last sync or rejoin (mode, bytes, seconds)."""
+        return list(self._results)
+
+    def metrics(self) -> dict[str, float]:
+        """The last transfer's bytes on the wire (all engines), their share of a full transfer's, and
+        how many engines got a full one (no transfer at all when every engine was gone: no ratio)."""
+        wire_bytes = sum(r.wire_bytes for r in self._results)
+        full = sum(r.full_bytes for r in self._results)
+        out = {"perf/weight_sync_wire_bytes": float(wire_bytes),
+               "perf/weight_sync_full_transfers": float(sum(r.mode == "full" for r in self._results))}
+        if full:
+            out["perf/weight_sync_wire_ratio"] = wire_bytes / full
+        return out
+
+    async def close(self) -> None:
+        pass

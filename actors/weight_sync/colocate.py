@@ -7,7 +7,7 @@ One step, after its rollout:
     ... the loop computes logprobs and trains ...
     update_weights():   trainer offloads optimizer + grads → engines resume weights memory
                         → buckets of full HF tensors as IPC handles, each POSTed to
-                          /update_weights_from_tensor of every engine → trainer offloads params
+                          /update_weights_from_tensor of every engine (tensor.py) → trainer offloads params
                         → engines resume KV cache      (then the router confirms the version)
 
 The model params leave the device last because the IPC handles point at them. A failure in any
@@ -28,8 +28,11 @@ from typing import Any
 
 import aiohttp
 
+from actors.weight_sync.errors import WeightSyncError
+from actors.weight_sync.tensor import TensorTransport
 from slime_async.actor import ActorRef
 from slime_async.engine_client import EngineClient
+from slime_async.task_group import gather_settled
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,10 @@ class Colocation:
     release_retry_s: float = 15.0
     _released: bool = field(default=False, init=False)  # the engines' memory is released
     _metrics: dict[str, float] = field(default_factory=dict, init=False)
+    tensors: TensorTransport = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tensors = TensorTransport(self.trainer, timeout=self.timeout)
 
     async def start(self) -> None:
         """Before the first rollout: the trainer's state leaves the devices the engines generate on."""
@@ -86,9 +93,10 @@ class Colocation:
                 c.resume_memory_occupation(["weights"], timeout=self.timeout) for c in clients]))
         update_started = time.monotonic()
         try:
-            buckets = await self._send_buckets(clients, str(version))
-        finally:
-            await self.trainer.ask("end_tensor_export", timeout=self.timeout)
+            await self.tensors.send(clients, version, flush_cache=True)
+        except WeightSyncError as error:
+            raise ColocateError(f"--colocate: {error}") from error
+        buckets = self.tensors.buckets
         update = time.monotonic() - update_started
         log.info("colocate: update_weights_from_tensor v%d: %d bucket(s) to %d engine(s) (%.2f s)",
                  version, buckets, len(clients), update)
@@ -104,15 +112,15 @@ class Colocation:
                          **{f"memory/engine_serving_{k}": v for k, v in engine_memory.items()}}
         return buckets
 
-    async def on_device(self, work: Awaitable[Any]) -> Any:
-        """Trainer work that needs its whole state on the device between steps (a checkpoint): onload,
-        run it, offload. The engines keep their memory meanwhile: the GPU holds both for that time."""
+    async def onload(self) -> None:
+        """Trainer work that needs its whole state on the device between steps (a checkpoint):
+        onload before it, ``offload_all`` after. The engines keep their memory meanwhile: the GPU
+        holds both for that time."""
         await self._phase("onload", self.trainer.ask("onload", timeout=self.timeout))
-        try:
-            return await work
-        finally:
-            await self._phase("offload", self.trainer.ask("offload", ["optimizer", "grads", "params"],
-                                                          timeout=self.timeout))
+
+    async def offload_all(self) -> None:
+        await self._phase("offload", self.trainer.ask("offload", ["optimizer", "grads", "params"],
+                                                      timeout=self.timeout))
 
     async def rejoin(self, client: EngineClient, version: int) -> None:
         """An engine restarted between steps serves other weights: the trainer's params come back to
@@ -122,9 +130,8 @@ class Colocation:
             return
         await self.trainer.ask("onload", timeout=self.timeout)
         try:
-            await self._send_buckets([client], str(version))
+            await self.tensors.rejoin(client, version)
         finally:
-            await self.trainer.ask("end_tensor_export", timeout=self.timeout)
             await self.trainer.ask("offload", ["optimizer", "grads", "params"], timeout=self.timeout)
 
     async def _release_all(self, clients: Sequence[EngineClient]) -> None:
@@ -135,8 +142,8 @@ class Colocation:
             c.flush_cache(wait_idle_s=self.idle_wait_s, timeout=self.timeout) for c in clients])
         deadline, pending = time.monotonic() + self.release_retry_s, list(clients)
         while True:
-            results = await asyncio.gather(*(c.release_memory_occupation(ALL_MEMORY, timeout=self.timeout)
-                                             for c in pending), return_exceptions=True)
+            results = await gather_settled(*(c.release_memory_occupation(ALL_MEMORY, timeout=self.timeout)
+                                             for c in pending))
             failed = [(c, r) for c, r in zip(pending, results) if isinstance(r, BaseException)]
             if not failed or time.monotonic() >= deadline:
                 break
@@ -150,33 +157,10 @@ class Colocation:
         """The last update's offload / weight update seconds and memory peaks."""
         return dict(self._metrics)
 
-    async def _send_buckets(self, clients: Sequence[EngineClient], version: str) -> int:
-        # Engine i's TP worker k opens the handles of the trainer rank on its device: ranks
-        # offset_i + k in placement order (the run checked at start that the counts match; a CPU
-        # engine reads any rank's shared memory, so fewer ranks than workers wrap around).
-        ranks = len(await self.trainer.ask("rank_info"))
-        infos = await asyncio.gather(*(c.get_server_info(timeout=self.timeout) for c in clients))
-        layout, next_rank = [], 0
-        for info in infos:
-            tp = int(info.get("tp_size") or 1)
-            layout.append([(next_rank + k) % ranks for k in range(tp)])
-            next_rank += tp
-        serving = sorted({rank for workers in layout for rank in workers})
-        sent = 0
-        while True:
-            payloads = await self.trainer.ask("next_tensor_bucket", serving, timeout=self.timeout)
-            if payloads is None:
-                return sent
-            await self._on_engines(clients, f"update_weights_from_tensor (bucket {sent + 1})", [
-                c.update_weights_from_tensor([payloads[r] for r in workers], weight_version=version,
-                                             timeout=self.timeout)
-                for c, workers in zip(clients, layout)])
-            sent += 1
-
     @staticmethod
     async def _on_engines(clients: Sequence[EngineClient], what: str, calls: Sequence[Awaitable[Any]]) -> None:
         """Run one call per engine at once; any failure raises, naming every engine that failed."""
-        results = await asyncio.gather(*calls, return_exceptions=True)
+        results = await gather_settled(*calls)
         failures = [f"{c.url}: {r}" for c, r in zip(clients, results) if isinstance(r, BaseException)]
         if failures:
             raise ColocateError(f"--colocate: {what} failed on engine(s) {'; '.join(failures)}")

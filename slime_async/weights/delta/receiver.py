@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from aiohttp import web
 
-from slime_async.weight_delta import codec, wire
+from slime_async.weights.delta import codec, wire
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # checksum of what the engine then serves under those names where it can tell (its tensors at hand,
 # in the sent dtypes), else None: the sender then knows the engine's weights, not only the
 # receiver's copy, are the sent bits.
-Loader = Callable[[dict[str, torch.Tensor], str], Awaitable[str | None]]
+Loader = Callable[[dict[str, torch.Tensor], str, bool], Awaitable[str | None]]  # tensors, version, flush_cache
 ServedChecksum = Callable[[list[str]], Awaitable[str]]
 
 
@@ -45,6 +45,7 @@ class Received:
     checksum: str
     mode: str
     wire_bytes: int
+    flush_cache: bool = True  # the sender's word: may the engine flush its prefix cache (is it idle)?
 
 
 @dataclass
@@ -116,7 +117,8 @@ class DeltaReceiver:
         checksum = codec.state_checksum(metas.values())
         if checksum != begin.get("checksum"):
             raise codec.DeltaDecodeError("whole-state checksum mismatch after reconstruction")
-        return Received(str(begin["weight_version"]), tensors, metas, checksum, mode, wire_bytes)
+        return Received(str(begin["weight_version"]), tensors, metas, checksum, mode, wire_bytes,
+                        bool(begin.get("flush_cache", True)))
 
     async def _decode_into(self, tensors: dict, metas: dict, meta: codec.TensorMeta, encoding: str | None,
                            payload: bytes) -> None:
@@ -192,7 +194,7 @@ def routes(receiver: DeltaReceiver, load: Loader, served: ServedChecksum | None 
                 await _drain(request)
                 return _answer(False, str(exc), receiver.version, 400, "corrupt")
             try:
-                served_checksum = await load(received.tensors, received.version)
+                served_checksum = await load(received.tensors, received.version, received.flush_cache)
             except LoadRejected as exc:
                 return _answer(False, str(exc), receiver.version, 400, "rejected")
             receiver.commit(received)

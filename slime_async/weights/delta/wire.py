@@ -18,9 +18,10 @@ Endpoints (served by the CPU engine itself, and by `actors.engine.delta_receiver
     frames, in order:
 
     - ``{"kind": "begin", "mode": "delta"|"full", "base_version", "base_checksum",
-      "weight_version", "count", "checksum"}``: the version the delta is against (null for
-      full), the version and whole-state checksum (codec.state_checksum) it produces, and the
-      number of tensor frames;
+      "weight_version", "count", "checksum", "flush_cache"}``: the version the delta is against
+      (null for full), the version and whole-state checksum (codec.state_checksum) it produces,
+      the number of tensor frames, and whether the engine may flush its prefix cache when it
+      loads them (false while it holds requests: SGLang asserts on such a flush; default true);
     - ``count`` times ``{"kind": "tensor", "name", "dtype", "shape", "checksum", "encoding":
       "raw"|"xor"|"same", "nbytes"}`` + payload: one tensor (codec.encode);
     - ``{"kind": "end"}``.
