@@ -49,13 +49,18 @@ from slime_async.engine_client import EngineClient  # noqa: E402
 
 # name -> (train mode, max staleness, weight-update mode)
 RUNS: dict[str, tuple[str, int | None, str]] = {
+    "colocated-sync": ("sync", None, "abort"),  # --layout one-gpu only: --colocate, SGLang started by the run
     "sync": ("sync", None, "abort"),
     "one-step-off": ("one-step-off", None, "abort"),
+    "one-step-off-in_place": ("one-step-off", None, "in_place"),
     "async-k1": ("fully-async", 1, "abort"),
+    "async-k1-in_place": ("fully-async", 1, "in_place"),
     "async-k2": ("fully-async", 2, "abort"),
-    "async-k4": ("fully-async", 4, "abort"),
-    "async-k2-pause": ("fully-async", 2, "pause"),
+    "async-k2-drain": ("fully-async", 2, "drain"),
     "async-k2-in_place": ("fully-async", 2, "in_place"),
+    "async-k2-retract": ("fully-async", 2, "retract"),
+    "async-k4": ("fully-async", 4, "abort"),
+    "async-k4-in_place": ("fully-async", 4, "in_place"),
 }
 PROMPT_TOKENS = 8  # the standalone loop's prompts: random ids, about the task's prompt length
 
@@ -97,10 +102,33 @@ async def standalone(url: str, workload_name: str, seconds: float, vocab: int) -
 
 # ----- one training run -------------------------------------------------------------------------
 async def reset_engine(url: str, base: str) -> None:
+    """The base weights back into the shared engine. A run or the standalone phase just aborted its
+    requests, which may still sit in SGLang's batch for a step or two: the load itself does not
+    flush (SGLang dies on a flush with requests in its batch), the deferred flush after it waits
+    for the scheduler to go idle."""
     async with aiohttp.ClientSession() as http:
         client = EngineClient(url, session=http)
-        await client.update_weights_from_disk(base, weight_version="default", timeout=600)
-        await client.flush_cache()
+        await client.abort_request(abort_all=True)
+        await client.update_weights_from_disk(base, weight_version="default", flush_cache=False, timeout=600)
+        await client.flush_cache(wait_idle_s=60, timeout=90)
+
+
+def engine_argv(args: argparse.Namespace, run: str) -> list[str]:
+    """How a run reaches its engine: the shared SGLang server (resident beside the trainer with
+    --layout one-gpu: weights by IPC handles on the one GPU; else NCCL from the trainer's GPU), or,
+    for colocated-sync, an SGLang server of its own that releases the GPU while the trainer trains."""
+    if run == "colocated-sync":
+        return ["--colocate", "--engine-type", "sglang", "--sglang-enable-memory-saver",
+                "--sglang-mem-fraction-static", str(args.mem_fraction), *SGLANG_FLAGS]
+    transport = "tensor" if args.layout == "one-gpu" else ("disk" if args.tiny else "distributed")
+    return ["--engine-type", "external", "--rollout-external-engine-addrs", args.url,
+            "--update-weight-transport", transport]
+
+
+# The backends this host's SGLang build needs, and CUDA graphs captured up to the largest batch the
+# workload runs (the default captures far more, ~76 s of a start).
+SGLANG_FLAGS = ["--sglang-attention-backend", "triton", "--sglang-sampling-backend", "pytorch",
+                "--sglang-cuda-graph-max-bs", "256", "--sglang-log-level", "warning"]
 
 
 def train_argv(args: argparse.Namespace, run: str, run_dir: Path) -> list[str]:
@@ -112,8 +140,7 @@ def train_argv(args: argparse.Namespace, run: str, run_dir: Path) -> list[str]:
             "--rollout-batch-size", str(args.prompts), "--n-samples-per-prompt", str(args.samples),
             "--rollout-max-response-len", str(workload.long_tokens),
             "--custom-generate-function-path", f"benchmarks.gpu.longtail:{HOOKS[args.workload]}",
-            "--rm-type", "exact", "--engine-type", "external", "--rollout-external-engine-addrs", args.url,
-            "--update-weight-transport", "distributed", "--use-tis", "--lr", "1e-6",
+            "--rm-type", "exact", *engine_argv(args, run), "--use-tis", "--lr", "1e-6",
             "--rollout-seed", "7", "--seed", "7", "--no-progress-bar", "--trace-dir", str(run_dir / "trace"),
             *args.extra]
     if k is not None:
@@ -130,7 +157,10 @@ def run_one(args: argparse.Namespace, run: str) -> dict[str, Any]:
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    asyncio.run(reset_engine(args.url, args.base))
+    if run == "colocated-sync":
+        stop_shared_engine(args)  # its own server takes the GPU memory the shared one holds
+    else:
+        asyncio.run(reset_engine(args.url, args.base))
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     if args.trainer_gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = args.trainer_gpu
@@ -149,8 +179,39 @@ def run_one(args: argparse.Namespace, run: str) -> dict[str, Any]:
                         "--title", f"{args.workload}: {run}"], cwd=REPO, check=False)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     result = summarize([r for r in rows if "perf/step_time" in r], args.warmup)
+    result |= trace_busy(run_dir / "trace" / "trace.json", args.warmup)
     result["wall_s"] = time.monotonic() - started
     return result
+
+
+def stop_shared_engine(args: argparse.Namespace) -> None:
+    """Kill the shared SGLang server (it runs in its own session) and wait for its GPU memory."""
+    port = args.url.rsplit(":", 1)[-1]
+    subprocess.run(["pkill", "-9", "-f", f"sglang.launch_server.*--port {port}"], check=False)
+    subprocess.run(["pkill", "-9", "-f", "sglang::"], check=False)  # its scheduler / detokenizer
+    time.sleep(5)
+
+
+def trace_busy(trace: Path, warmup: int) -> dict[str, float]:
+    """From the run's timeline, over the steady steps: the share of wall time the engine ran at least
+    one request, weight syncs left out (a request held in place is not generating), and the share
+    the rollout spent waiting for admission."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from render_trace import busy_fraction, load
+
+    processes, _ = load(trace)
+    spans = [(p.name, span) for p in processes for lane in p.spans.values() for span in lane]
+    steps = sorted((s for _, s in spans if s.name.startswith("step ")), key=lambda s: s.end)
+    if len(steps) <= warmup:
+        return {}
+    lo, hi = steps[warmup - 1].end if warmup else steps[0].start, steps[-1].end
+    generate = [s for name, s in spans if name.startswith("engine") and s.name == "generate"]
+    syncs = [s for _, s in spans if s.name.startswith("weight sync v")]
+    admission = [s for name, s in spans if s.name.startswith("wait for admission")]
+    window = hi - lo
+    syncing = busy_fraction(syncs, lo, hi)
+    return {"engine_busy": max(0.0, busy_fraction(generate, lo, hi) - syncing),
+            "sync_share": syncing, "admission_wait": busy_fraction(admission, lo, hi), "window_s": window}
 
 
 def summarize(steps: list[dict[str, Any]], warmup: int) -> dict[str, float]:
@@ -201,18 +262,26 @@ def table(out: Path, workload: str, label: str) -> str:
         lines += [f"Overlap bound: sync {sync['s_per_step']:.2f} s/step ÷ max(generation at saturation "
                   f"{generation:.2f} s, train + sync {sync['train_s'] + sync['sync_s']:.2f} s) = "
                   f"**{sync['s_per_step'] / floor:.2f}×**.", ""]
-    lines += ["| run | mode | k | sync mode | steps | s/step | speed-up | engine tok/s | of saturation | trainer busy | "
-              "sync s | staleness max | resumed | stale dropped | concurrency |",
-              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| run | mode | k | sync mode | steps | s/step | speed-up vs sync | vs colocated sync | engine tok/s | "
+              "of saturation | engine busy | admission wait | trainer busy | sync s | staleness max | resumed | "
+              "stale dropped | concurrency |",
+              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = runs.get("sync", {}).get("s_per_step")
+    colocated = runs.get("colocated-sync", {}).get("s_per_step")
+
+    def share(r: dict[str, Any], key: str) -> str:
+        return f"{r[key]:.0%}" if key in r else "—"
+
     for name in order:
         r = runs[name]
         mode, k, update = RUNS[name]
         speed = f"{base / r['s_per_step']:.2f}×" if base else "—"
+        versus = f"{colocated / r['s_per_step']:.2f}×" if colocated else "—"
         lines.append(
             f"| {name} | {mode} | {k if k is not None else '—'} | {update} | {r['steps']:.0f} | {r['s_per_step']:.2f} | "
-            f"{speed} | "
+            f"{speed} | {versus} | "
             f"{r['engine_tokens_per_s']:.0f} | {r['engine_tokens_per_s'] / sat['tokens_per_s']:.0%} | "
+            f"{share(r, 'engine_busy')} | {share(r, 'admission_wait')} | "
             f"{r['trainer_busy']:.0%} | {r['sync_s']:.2f} | {r['staleness_max']:.0f} | {r['resumed']:.0f} | "
             f"{r['dropped_stale']:.0f} ({r['dropped_stale_frac']:.0%}) | {r['concurrency']:.0f} |")
     return "\n".join(lines) + "\n"
@@ -250,6 +319,10 @@ def main() -> int:
     parser.add_argument("--standalone-s", type=float, default=30.0)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--trainer-gpu", default=None, help="CUDA_VISIBLE_DEVICES of the trainer")
+    parser.add_argument("--layout", choices=("two-gpu", "one-gpu"), default="two-gpu",
+                        help="one-gpu: the trainer beside the shared SGLang on its GPU, tensor (IPC) weight updates, "
+                             "and the colocated-sync row")
+    parser.add_argument("--mem-fraction", type=float, default=0.45, help="colocated-sync: SGLang's static memory share")
     parser.add_argument("--max-tokens-per-gpu", type=int, default=16384)
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `slime-async train` flags")
     args = parser.parse_args()
