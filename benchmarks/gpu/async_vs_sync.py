@@ -128,7 +128,7 @@ def engine_argv(args: argparse.Namespace, run: str) -> list[str]:
 # The backends this host's SGLang build needs, and CUDA graphs captured up to the largest batch the
 # workload runs (the default captures far more, ~76 s of a start).
 SGLANG_FLAGS = ["--sglang-attention-backend", "triton", "--sglang-sampling-backend", "pytorch",
-                "--sglang-cuda-graph-max-bs", "256", "--sglang-log-level", "warning"]
+                "--sglang-cuda-graph-max-bs-decode", "256", "--sglang-log-level", "warning"]
 
 
 def train_argv(args: argparse.Namespace, run: str, run_dir: Path) -> list[str]:
@@ -248,7 +248,10 @@ def summarize(steps: list[dict[str, Any]], warmup: int) -> dict[str, float]:
 
 # ----- table ----------------------------------------------------------------------------------
 def table(out: Path, workload: str, label: str) -> str:
-    sat = json.loads((out / f"standalone-{workload}.json").read_text())
+    saturation = out / f"standalone-{workload}.json"
+    # Not measured (the phase did not finish): every ratio to it is left out.
+    sat = json.loads(saturation.read_text()) if saturation.exists() else {"tokens_per_s": float("nan"),
+                                                                          "concurrency": float("nan"), "seconds": 0}
     runs = {p.stem.removeprefix(f"run-{workload}-"): json.loads(p.read_text())
             for p in sorted(out.glob(f"run-{workload}-*.json"))}
     order = [r for r in RUNS if r in runs]

@@ -19,7 +19,7 @@ launch_sglang() {
   argv=$(python3 -c "import shlex, sys; from actors.engine.sglang import build_sglang_argv as b; print(shlex.join(b(
 sys.argv[1], port=int(sys.argv[2]), python='python3', passthrough={'attention_backend': 'triton',
 'sampling_backend': 'pytorch', 'mem_fraction_static': float(sys.argv[3]), 'log_level': 'warning',
-**({'cuda_graph_max_bs': int(sys.argv[4])} if sys.argv[4] else {})})))" "$1" "$2" "$3" "${CUDA_GRAPH_MAX_BS:-}")
+**({'cuda_graph_max_bs_decode': int(sys.argv[4])} if sys.argv[4] else {})})))" "$1" "$2" "$3" "${CUDA_GRAPH_MAX_BS:-}")
   elapsed "launch: $argv"
   CUDA_VISIBLE_DEVICES=${SGLANG_GPU:-0} setsid ${SGLANG_CPUS:+taskset -c $SGLANG_CPUS} bash -c "exec $argv" > "$4" 2>&1 < /dev/null &
 }
