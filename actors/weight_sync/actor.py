@@ -10,9 +10,10 @@ SGLang dies on a cache flush while requests are in its batch, and every ``update
 flushes unless told not to, so no update here flushes: after an ``abort`` or ``drain`` the engine
 soon is idle, and a deferred ``/flush_cache?timeout=`` (answered once the scheduler is idle) both
 waits for that and drops the old weights' prefix cache. Under ``in_place`` and ``retract`` the engine
-holds requests through the update, so it is never idle then: the prefix cache keeps KV the old
-weights computed until the engine next flushes (the engine-reported logprobs, which the
-off-policy correction uses, are those of what it really computed).
+holds requests through the update, so it is not idle then: a deferred flush is left with it, which
+SGLang carries out at its next idle moment; until then the prefix cache holds KV the old weights
+computed (the engine-reported logprobs, which the off-policy correction uses, are those of what it
+really computed; on one H200 the train–inference |Δlogprob| of in_place runs equalled abort's).
 
 An engine that (re)joins between syncs — an owned one restarted by its supervisor, an external one
 restarted on its port — serves other weights than the current version, so the router keeps it out
@@ -130,11 +131,16 @@ class WeightSyncActor(Actor):
                 else:
                     self._report(clients, await self.transport.send(clients, version, flush_cache=False))
                     if leaves_engine_idle(self.mode):
-                        await self._flush_when_idle(clients)
+                        await self._flush_when_idle(clients, IDLE_FLUSH_WAIT_S)
         with self.trace.span("resume", lane, cat="weight_sync"):
             states = await self.router.ask("resume", str(version), timeout=self.timeout)
         self.trace.record(f"weight sync v{version}", lane, sync_span, cat="weight_sync", version=version,
                           transport=self.transport_name, mode=self.mode)
+        if self.colocation is None and not leaves_engine_idle(self.mode):
+            # The engines held requests through the update: their prefix cache is flushed at their
+            # next idle moment (SGLang defers the flush; a flush still pending at the next sync makes
+            # that one's answer "already in progress", which changes nothing).
+            self.spawn(self._flush_when_idle_urls(urls, self.timeout), name=f"{self.name}:flush v{version}")
         self._version = version
         behind = {url: state for url, state in states.items() if state != "up"}
         if behind:
@@ -203,7 +209,7 @@ class WeightSyncActor(Actor):
                     await self.colocation.rejoin(client, version)
                 else:
                     self._report([client], await self.transport.rejoin(client, version))
-                await self._flush_when_idle([client])
+                await self._flush_when_idle([client], IDLE_FLUSH_WAIT_S)
         finally:
             states = await self.router.ask("resume", str(version), urls=[url], timeout=self.timeout)
         state = states.get(url, "unknown")
@@ -216,15 +222,19 @@ class WeightSyncActor(Actor):
             log.error("engine %s rejoined with other weights; loading v%d into it left it %s", url, version, state)
         return state
 
-    async def _flush_when_idle(self, clients: Sequence[EngineClient]) -> None:
+    async def _flush_when_idle(self, clients: Sequence[EngineClient], wait_s: float | None) -> None:
         """Drop the old weights' prefix cache once each engine is idle (SGLang defers the flush to
-        then). An engine that stays busy keeps serving; its cache is flushed at a later sync."""
-        results = await gather_settled(*(c.flush_cache(wait_idle_s=IDLE_FLUSH_WAIT_S, timeout=self.timeout)
+        then, up to ``wait_s``). An engine that stays busy keeps serving; a later sync flushes it."""
+        results = await gather_settled(*(c.flush_cache(wait_idle_s=wait_s, timeout=(wait_s or 0) + 30)
                                          for c in clients))
         for client, result in zip(clients, results):
             if isinstance(result, BaseException):
                 self._idle_flush_failures += 1
-                log.warning("weight sync: %s did not go idle for the prefix-cache flush: %s", client.url, result)
+                log.info("weight sync: %s kept its prefix cache (not idle for the flush): %s", client.url, result)
+
+    async def _flush_when_idle_urls(self, urls: Sequence[str], wait_s: float | None) -> None:
+        async with self._clients(urls) as clients:
+            await self._flush_when_idle(clients, wait_s)
 
     def _clients(self, urls: Sequence[str] | None = None) -> _Clients:
         return _Clients(self.router, urls, self.api_key)
