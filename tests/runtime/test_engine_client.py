@@ -26,8 +26,8 @@ from slime_async.engine_client import (
     EngineTimeout,
     EngineUnreachable,
     RetryPolicy,
-    parse_generate_output,
 )
+from slime_async.generate_output import parse_generate_output
 
 NO_WAIT = RetryPolicy(attempts=4, initial_delay=0.0, max_delay=0.0)
 
