@@ -32,6 +32,8 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from slime_async.generate_output import SSEDecoder, StreamAssembler, stream_failure
+
 log = logging.getLogger(__name__)
 
 # SGLang's /pause_generation modes (slime_async/quiesce.py maps the runtime's quiesce modes onto them).
@@ -173,10 +175,32 @@ class EngineClient:
         return_logprob: bool = True,
         rid: str | None = None,
         timeout: float | None = None,
+        stream: bool = False,
+        version_lag: int = 0,
     ) -> dict[str, Any]:
-        """`POST /generate` for one prompt; returns SGLang's answer dict (see `parse_generate_output`)."""
+        """`POST /generate` for one prompt; returns SGLang's answer dict (see `parse_generate_output`).
+
+        ``stream``: ask for SGLang's stream of chunks (server-sent events) and assemble them into
+        the same answer, with each output token's weight version taken from the chunk that first
+        reported it (``meta_info.weight_version_segments``, unless the engine gives its own; see
+        `StreamAssembler`, which also explains ``version_lag``). An abort ends the stream like the
+        plain call's answer (finish_reason abort, the tokens so far); a failure in the stream raises
+        the EngineError the plain call would (EngineHTTPError with its status, EngineConnectionError
+        when the stream breaks off, EngineTimeout past ``timeout``)."""
         payload = _generate_payload(input_ids, sampling_params, return_logprob, rid)
-        return await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
+        if not stream:
+            return await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
+        payload["stream"] = True
+        for attempt in range(self.retry.attempts):
+            try:
+                return await self._stream_once("/generate", payload, timeout, version_lag)
+            except EngineUnreachable as error:  # never sent: the only retry a generate gets
+                if attempt + 1 >= self.retry.attempts:
+                    raise
+                delay = self.retry.delay(attempt)
+                log.warning("%s; retrying in %.2f s (attempt %d of %d)", error, delay, attempt + 2, self.retry.attempts)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def generate_batch(
         self,
@@ -441,6 +465,64 @@ class EngineClient:
         if status >= 400:
             raise EngineHTTPError(self.url, endpoint, status, _error_message(body))
         return _decode(body)
+
+
+    async def _stream_once(self, endpoint: str, payload: Any, timeout: float | None, version_lag: int) -> dict[str, Any]:
+        """One streamed call: its chunks assembled into the plain call's answer."""
+        session = self._get_session()
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        total = self.timeout if timeout is None else timeout
+        assembler, decoder, done = StreamAssembler(version_lag), SSEDecoder(), False
+        try:
+            async with session.request("POST", self.url + endpoint, data=orjson.dumps(payload), headers=headers,
+                                       timeout=aiohttp.ClientTimeout(total=total)) as response:
+                if response.status >= 400:
+                    raise EngineHTTPError(self.url, endpoint, response.status, _error_message(await response.read()))
+                if not response.content_type.startswith("text/event-stream"):
+                    answer = _decode(await response.read())  # an engine that does not stream: its plain answer
+                    if not isinstance(answer, dict):
+                        raise EngineHTTPError(self.url, endpoint, response.status,
+                                              f"expected a stream or a JSON object, got {_excerpt(answer)}")
+                    return answer
+                async for data in response.content.iter_any():
+                    for event in decoder.feed(data):
+                        if event.strip() == b"[DONE]":
+                            done = True
+                            break
+                        self._take_chunk(assembler, event, endpoint)
+                    if done:
+                        break
+        except aiohttp.ClientConnectorError as exc:
+            raise EngineUnreachable(self.url, endpoint, None, _connect_message(exc)) from exc
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise EngineTimeout(self.url, endpoint, None, f"no complete stream within {total} s "
+                                f"({assembler.tokens} tokens received)") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise EngineConnectionError(self.url, endpoint, None, f"stream broke off after {assembler.tokens} "
+                                        f"tokens: {type(exc).__name__}: {exc}") from exc
+        if not assembler.finished:
+            if not done:  # the connection closed cleanly, mid-request: the engine went away
+                raise EngineConnectionError(self.url, endpoint, None, f"stream ended after {assembler.tokens} "
+                                            "tokens, before the request finished")
+            raise EngineHTTPError(self.url, endpoint, 200, f"stream ended with [DONE] after {assembler.tokens} "
+                                  "tokens but no chunk had a finish_reason")
+        return assembler.answer()
+
+    def _take_chunk(self, assembler: StreamAssembler, event: bytes, endpoint: str) -> None:
+        try:
+            chunk = orjson.loads(event)
+        except orjson.JSONDecodeError as exc:
+            raise EngineHTTPError(self.url, endpoint, 200, f"stream chunk is not JSON ({exc}): "
+                                  f"{_excerpt(event.decode('utf-8', 'replace'))}") from None
+        failure = stream_failure(chunk) if isinstance(chunk, dict) else None
+        if failure is not None:
+            raise EngineHTTPError(self.url, endpoint, failure[0], failure[1])
+        try:
+            assembler.add(chunk)
+        except ValueError as exc:
+            raise EngineHTTPError(self.url, endpoint, 200, f"bad stream chunk: {exc}") from None
 
 
 # The caller-facing fields of SGLang 0.5.17's SamplingParams. SGLang answers an unknown one
