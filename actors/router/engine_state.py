@@ -119,3 +119,13 @@ def reported_capacity(server_info: Any) -> EngineCapacity:
 
 def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    return url if "://" in url else f"http://{url}"
+
+
+def engine_tag(url: str) -> str:
+    """``http://127.0.0.1:30001`` -> ``127.0.0.1:30001`` for metric names."""
+    return url.split("://", 1)[-1]
