@@ -194,26 +194,29 @@ def _tokenize(tokenizer: Any | None, text: Any) -> Any:
 
 
 def generate_output(req: "Request", weight_version: str, started: float, tokenizer: Any | None,
-                    *, segments: bool = True) -> dict[str, Any]:
+                    *, segments: bool = True, start: int = 0) -> dict[str, Any]:
     """SGLang's response object for one finished request (also the last chunk of its stream).
-    ``segments``: add ``weight_version_segments``, which SGLang does not have."""
-    out = _answer(req, req.output_ids, req.output_logprobs, weight_version, started, tokenizer, final=True)
+    ``segments``: add ``weight_version_segments``, which SGLang does not have (of all the output
+    tokens); ``start``: the last chunk of an incremental stream, with the tokens from there on."""
+    out = _answer(req, req.output_ids, req.output_logprobs, weight_version, started, tokenizer, final=True,
+                  start=start)
     if segments and req.version_marks:
         out["meta_info"]["weight_version_segments"] = version_segments(req.version_marks, len(req.output_ids))
     return out
 
 
 def stream_chunk(req: "Request", output_ids: list[int], logprobs: list[float], weight_version: str, started: float,
-                 tokenizer: Any | None) -> dict[str, Any]:
-    """A chunk of an unfinished request's stream, as SGLang 0.5.17 builds it by default
-    (tokenizer_manager ``_handle_batch_output``, incremental_streaming_output off): cumulative
-    (every token so far, in ``output_ids``, ``output_token_logprobs`` and ``text``), finish_reason
-    null, ``weight_version`` the version when the chunk is built."""
-    return _answer(req, output_ids, logprobs, weight_version, started, tokenizer, final=False)
+                 tokenizer: Any | None, *, start: int = 0) -> dict[str, Any]:
+    """A chunk of an unfinished request's stream, as SGLang 0.5.17 builds it (tokenizer_manager
+    ``_handle_batch_output``): by default cumulative (every token so far, in ``output_ids``,
+    ``output_token_logprobs`` and ``text``); ``start`` > 0 (``--incremental-streaming-output``)
+    only the tokens from ``start`` on. finish_reason null, ``completion_tokens`` all tokens so far,
+    ``weight_version`` the version when the chunk is built."""
+    return _answer(req, output_ids, logprobs, weight_version, started, tokenizer, final=False, start=start)
 
 
 def _answer(req: "Request", output_ids: list[int], logprobs: list[float], weight_version: str, started: float,
-            tokenizer: Any | None, *, final: bool) -> dict[str, Any]:
+            tokenizer: Any | None, *, final: bool, start: int = 0) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": req.rid,
         "finish_reason": req.finish_reason if final else None,
@@ -223,6 +226,7 @@ def _answer(req: "Request", output_ids: list[int], logprobs: list[float], weight
         "weight_version": weight_version,
         "e2e_latency": time.monotonic() - started,
     }
+    output_ids, logprobs = output_ids[start:], logprobs[start:]
     if req.return_logprob:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(logprobs, output_ids)]
         meta["input_token_logprobs"] = []

@@ -183,8 +183,8 @@ class EngineServer:
 
     async def _generate_stream(self, request: web.Request, item: GenerateItem) -> web.StreamResponse:
         """SGLang's streamed /generate (http_server ``generate_request``): ``data: <chunk>\n\n``
-        per chunk, cumulative (``protocol.stream_chunk``), then the finished answer as the last
-        chunk and ``data: [DONE]\n\n``. A chunk is built when its token arrives, under the version
+        per chunk, cumulative unless --incremental-streaming-output (``protocol.stream_chunk``),
+        then the finished answer as the last chunk and ``data: [DONE]\n\n``. A chunk is built when its token arrives, under the version
         current then; chunks the client has not taken yet are coalesced into the latest, as
         SGLang's ``_wait_one_response`` does. A failure after the headers (an engine error, weights
         released since the early check) is the last chunk's finish_reason, with its status_code."""
@@ -203,17 +203,20 @@ class EngineServer:
                 future = self._run(item, on_token)
                 future.add_done_callback(lambda _: tokens.finish(self.weight_version))
                 sent = 0
+                incremental = self.args.incremental_streaming_output
                 while not future.done():
                     await tokens.changed.wait()
                     tokens.changed.clear()
                     if future.done() or len(tokens.ids) == sent:
                         continue
+                    chunk = stream_chunk(tokens.req, tokens.ids, tokens.logprobs, tokens.version, started,
+                                         self.tokenizer, start=sent if incremental else 0)
                     sent = len(tokens.ids)
-                    await _send_event(response, stream_chunk(tokens.req, tokens.ids, tokens.logprobs,
-                                                             tokens.version, started, self.tokenizer))
+                    await _send_event(response, chunk)
                 finished = future.result()
             await _send_event(response, generate_output(finished, tokens.version, started, self.tokenizer,
-                                                        segments=self.args.weight_version_segments))
+                                                        segments=self.args.weight_version_segments,
+                                                        start=sent if incremental else 0))
             await response.write(b"data: [DONE]\n\n")
         except (asyncio.CancelledError, ConnectionResetError) as gone:
             # The client went away: stop spending compute on its request, as SGLang does.
@@ -292,7 +295,7 @@ class EngineServer:
                 # a chunk per token, each built as its token is sampled (no overlapped step).
                 "stream_interval": 1,
                 "disable_overlap_schedule": True,
-                "incremental_streaming_output": False,
+                "incremental_streaming_output": self.args.incremental_streaming_output,
                 "engine": "cpu",
                 "memory_occupation": self.memory.describe(),
                 "instance_id": self.instance_id,
