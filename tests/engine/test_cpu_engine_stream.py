@@ -2,13 +2,14 @@
 (entrypoints/http_server.py ``generate_request``, tokenizer_manager ``_handle_batch_output`` with
 incremental_streaming_output off), abort mid-stream, and the client that assembles the chunks.
 
-Against the shared engine (2 running requests); every test ends what it started.
+Against the shared engine (2 running requests), and one of its own with --incremental-streaming-output
+whose weights a test changes; every test ends what it started.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -16,7 +17,7 @@ import orjson
 import pytest
 
 from slime_async.engine_client import EngineClient
-from slime_async.generate_output import SSEDecoder, parse_generate_output
+from slime_async.generate_output import SSEDecoder, StreamAssembler, parse_generate_output
 
 PROMPT = [5, 6, 7]
 SHORT = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
@@ -141,3 +142,52 @@ async def test_a_stream_takes_one_prompt(engine_url, stream_http):
     async with stream_http.post(engine_url + "/generate", json=body) as response:
         assert response.status == 400
         assert "single prompt" in (await response.json())["error"]["message"]
+
+
+# ---- an engine of its own: --incremental-streaming-output, and weights that change
+
+
+@pytest.fixture(scope="module")
+def incremental_engine(start_engine, tiny_model_dir) -> Iterator[str]:
+    with start_engine(tiny_model_dir, "--incremental-streaming-output") as url:
+        yield url
+
+
+async def test_incremental_chunks_hold_only_their_new_tokens_and_assemble_into_the_plain_answer(
+        incremental_engine, stream_http):
+    url = incremental_engine
+    stream = await open_stream(stream_http, url, SHORT)
+    *chunks, done = await stream.rest()
+    assert done == b"[DONE]"
+    counts = [c["meta_info"]["completion_tokens"] for c in chunks]
+    assert [len(c["output_ids"]) for c in chunks] == [b - a for a, b in zip([0, *counts], counts)]
+    assert [t for c in chunks for t in c["output_ids"]] == (await plain(stream_http, url, SHORT))["output_ids"]
+    async with EngineClient(url) as client:
+        streamed = parse_generate_output(await client.generate(PROMPT, SHORT, stream=True))
+        answer = parse_generate_output(await client.generate(PROMPT, SHORT))
+    assert (streamed.output_ids, streamed.finish_type) == (answer.output_ids, answer.finish_type)
+    assert streamed.logprobs == pytest.approx(answer.logprobs, abs=1e-5)
+
+
+async def test_the_versions_the_chunks_name_agree_token_for_token_with_the_engines_own_split(
+        incremental_engine, stream_http, other_weights_dir):
+    # An in-place weight update mid-stream; the engine's weight_version_segments are the truth.
+    url = incremental_engine
+    stream = await open_stream(stream_http, url, {**LONG, "max_new_tokens": 600})
+    chunks = [await stream.next()]
+    while chunks[-1]["meta_info"]["completion_tokens"] < 8:
+        chunks.append(await stream.next())
+    for path, body in [("/pause_generation", {"mode": "in_place"}),
+                       ("/update_weights_from_disk", {"model_path": str(other_weights_dir), "weight_version": "1",
+                                                      "flush_cache": False}),
+                       ("/continue_generation", {})]:
+        async with stream_http.post(url + path, json=body) as response:
+            assert response.status == 200, await response.text()
+    *rest, done = await stream.rest()
+    chunks += rest
+    truth = chunks[-1]["meta_info"].pop("weight_version_segments")
+    assert [version for version, _ in truth] == ["default", "1"] and 8 <= truth[0][1] < 600
+    assembler = StreamAssembler()
+    for chunk in chunks:
+        assembler.add(chunk)
+    assert assembler.answer()["meta_info"]["weight_version_segments"] == truth
