@@ -76,7 +76,9 @@ class RequestPath:
     ) -> dict[str, Any]:
         """One /generate call that the health loop can abandon: when it marks the engine down
         (a hung engine keeps connections open but never answers), the call ends with an
-        EngineConnectionError and the request fails over like after a refused connection."""
+        EngineConnectionError and the request fails over like after a refused connection.
+        Streamed with --router-stream-generate, for each output token's weight version (the
+        engine's ``version_lag``: the tokens its chunks report late, see StreamAssembler)."""
         call = asyncio.ensure_future(
             engine.client.generate(
                 input_ids,
@@ -84,6 +86,8 @@ class RequestPath:
                 return_logprob=return_logprob,
                 rid=rid,
                 timeout=self.config.router_request_timeout,
+                stream=self.config.router_stream_generate is True,
+                version_lag=engine.version_lag,
             )
         )
         engine.calls.add(call)
@@ -174,10 +178,13 @@ class RequestPath:
 
 
 def _label_in_place_span(response: dict[str, Any], version_before: str) -> None:
-    """A request that ran across an in-place sync on an engine that does not say which of its
-    tokens came before it (SGLang reports one version, the one at the end): all of them get
-    the version before the first such sync, so that no token looks newer (and its staleness
-    smaller) than it is. The CPU engine reports the exact split itself."""
+    """A request that ran across an in-place sync, when the answer does not say which of its
+    tokens came before it: all of them get the version before the first such sync, so that no
+    token looks newer (and its staleness smaller) than it is. The answer does say when the engine
+    reports the split itself (the CPU engine's ``weight_version_segments``) or when the router
+    streamed the request (--router-stream-generate) from an engine whose chunks name their
+    version (SGLang's do); only a plain answer from SGLang, which names one version, the one at
+    its end, gets this fallback."""
     meta = response.setdefault("meta_info", {})
     if "weight_version_segments" in meta:
         return

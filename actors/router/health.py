@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import Any
 
-from actors.router.engine_state import EngineState, Health, reported_capacity, reported_load
+from actors.router.engine_state import EngineState, Health, reported_capacity, reported_load, reported_version_lag
 from slime_async.engine_client import EngineError, EngineHTTPError
 
 log = logging.getLogger(__name__)
@@ -77,10 +77,12 @@ class HealthChecks:
         await asyncio.gather(*(self._read_capacity(engine) for engine in engines))
 
     async def _read_capacity(self, engine: EngineState) -> None:
-        """What the engine can hold at once; unknown (None) if it does not answer or say."""
+        """What the engine can hold at once; unknown (None) if it does not answer or say. Its
+        /server_info also says how late its streams report tokens (``version_lag``)."""
         try:
-            engine.capacity = reported_capacity(await engine.client.get_server_info(
-                timeout=self.config.router_health_timeout))
+            info = await engine.client.get_server_info(timeout=self.config.router_health_timeout)
+            engine.version_lag = reported_version_lag(info)
+            engine.capacity = reported_capacity(info)
         except (EngineError, ValueError) as error:
             log.info("router: %s did not report its capacity (%s); counting it as unknown", engine.url, error)
 
