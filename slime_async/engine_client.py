@@ -25,6 +25,7 @@ import asyncio
 import difflib
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
@@ -191,16 +192,8 @@ class EngineClient:
         if not stream:
             return await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
         payload["stream"] = True
-        for attempt in range(self.retry.attempts):
-            try:
-                return await self._stream_once("/generate", payload, timeout, version_lag)
-            except EngineUnreachable as error:  # never sent: the only retry a generate gets
-                if attempt + 1 >= self.retry.attempts:
-                    raise
-                delay = self.retry.delay(attempt)
-                log.warning("%s; retrying in %.2f s (attempt %d of %d)", error, delay, attempt + 2, self.retry.attempts)
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+        return await self._retrying(lambda: self._stream_once("/generate", payload, timeout, version_lag),
+                                    _Retry.BEFORE_SEND)
 
     async def generate_batch(
         self,
@@ -425,10 +418,13 @@ class EngineClient:
         attempts: int | None = None,
     ) -> Any:
         """One logical call with retries; returns the decoded JSON body, or the text if not JSON."""
+        return await self._retrying(lambda: self._send_once(method, endpoint, payload, timeout), retry, attempts)
+
+    async def _retrying(self, send: Callable[[], Awaitable[Any]], retry: _Retry, attempts: int | None = None) -> Any:
         attempts = attempts or self.retry.attempts
         for attempt in range(attempts):
             try:
-                return await self._send_once(method, endpoint, payload, timeout)
+                return await send()
             except EngineError as error:
                 if attempt + 1 >= attempts or not _retryable(error, retry):
                     raise
