@@ -36,7 +36,7 @@ class RouterConfig:
         "stream each /generate from the engines (SGLang's stream: true) and take each output token's weight "
         "version from the chunk that reported it: exact per-token versions for requests that keep running across "
         "a weight update; none = when --weight-update-mode keeps them running (in_place, retract), since a stream "
-        "costs the router 35-55 us of CPU per token on short answers, and SGLang's default chunks repeat every "
+        "costs the router 45-60 us of CPU per token on short answers, and SGLang's default chunks repeat every "
         "token so far (benchmarks/stream_overhead.py)"))
     router_no_engine_timeout: float = field(default=120.0, metadata=_help(
         "seconds a request waits for a healthy engine when all are down before it fails "
