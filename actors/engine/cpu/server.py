@@ -34,6 +34,7 @@ from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
 from actors.engine.cpu.protocol import (BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate,
                                        stream_chunk)
 from actors.engine.cpu.scheduler import PAUSE_MODES, REFUSED, Request, Scheduler, SchedulerConfig
+from actors.engine.cpu.streaming import StreamedTokens, sse_event
 from slime_async.weights import flat_bucket
 from slime_async.dtypes import dtype_from_name
 from slime_async.net import serve_until_signalled
@@ -189,7 +190,7 @@ class EngineServer:
         SGLang's ``_wait_one_response`` does. A failure after the headers (an engine error, weights
         released since the early check) is the last chunk's finish_reason, with its status_code."""
         started = time.monotonic()
-        tokens = _StreamedTokens()
+        tokens = StreamedTokens()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         future: asyncio.Future | None = None
         try:
@@ -212,11 +213,11 @@ class EngineServer:
                     chunk = stream_chunk(tokens.req, tokens.ids, tokens.logprobs, tokens.version, started,
                                          self.tokenizer, start=sent if incremental else 0)
                     sent = len(tokens.ids)
-                    await _send_event(response, chunk)
+                    await response.write(sse_event(chunk))
                 finished = future.result()
-            await _send_event(response, generate_output(finished, tokens.version, started, self.tokenizer,
-                                                        segments=self.args.weight_version_segments,
-                                                        start=sent if incremental else 0))
+            await response.write(sse_event(generate_output(finished, tokens.version, started, self.tokenizer,
+                                                           segments=self.args.weight_version_segments,
+                                                           start=sent if incremental else 0)))
             await response.write(b"data: [DONE]\n\n")
         except (asyncio.CancelledError, ConnectionResetError) as gone:
             # The client went away: stop spending compute on its request, as SGLang does.
@@ -656,34 +657,6 @@ class EngineServer:
         if body.get("weight_version") is not None:
             return f"{message} Weight version updated to {body['weight_version']}."
         return message
-
-
-class _StreamedTokens:
-    """What a streamed request has generated so far, on the event loop's side: the scheduler
-    thread hands each token over with ``call_soon_threadsafe(add)``, in order."""
-
-    def __init__(self) -> None:
-        self.req: Request | None = None
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.version: str | None = None  # the engine's version when the latest token arrived
-        self.changed = asyncio.Event()
-
-    def add(self, req: Request, token: int, logprob: float, version: str) -> None:
-        self.req = req
-        self.ids.append(token)
-        self.logprobs.append(logprob)
-        self.version = version
-        self.changed.set()
-
-    def finish(self, version: str) -> None:
-        """The request finished (its answer is the last chunk, built now, under ``version``)."""
-        self.version = version
-        self.changed.set()
-
-
-async def _send_event(response: web.StreamResponse, chunk: dict[str, Any]) -> None:
-    await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
 
 
 def _receive_flat_bucket(group: dist.ProcessGroup, dtypes: list[str], shapes: list[list[int]]) -> list[torch.Tensor]:
