@@ -31,7 +31,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from actors.engine.cpu.local import LocalEngineError, start_local_engine, stop_local_engine  # noqa: E402
-from slime_async.engine_client import EngineClient, parse_generate_output  # noqa: E402
+from slime_async.engine_client import EngineClient  # noqa: E402
+from slime_async.generate_output import parse_generate_output  # noqa: E402
 
 
 @dataclass

@@ -25,12 +25,15 @@ import asyncio
 import difflib
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
 import aiohttp
 import orjson
+
+from slime_async.generate_output import SSEDecoder, StreamAssembler, stream_failure
 
 log = logging.getLogger(__name__)
 
@@ -82,93 +85,6 @@ class EngineTimeout(EngineError):
     """No complete answer within the call's timeout."""
 
     kind = "timed out"
-
-
-# --------------------------------------------------------------------------------------
-# Generate output
-
-
-@dataclass
-class GenerateOutput:
-    """One completed (or aborted) generation, reduced to what the runtime uses.
-
-    `output_ids` and `logprobs` always have the same length when logprobs were requested:
-    the ids are taken from `meta_info.output_token_logprobs` when present, because that list
-    pairs every sampled token (including a matched stop token, which SGLang may trim from
-    `output_ids`) with its logprob, which is what training needs.
-    """
-
-    output_ids: list[int]
-    logprobs: list[float] | None
-    finish_type: str  # "stop" | "length" | "abort"
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    weight_version: str | None
-    finish_reason: dict[str, Any] | None = None
-    text: str | None = None
-    # Each output token's weight version, when the answer says (meta_info
-    # ``weight_version_segments``: the CPU engine, or the router for a request that spanned an
-    # in-place sync); None: all of them are ``weight_version``.
-    token_versions: list[str] | None = None
-
-
-def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
-    """Turn one `/generate` answer into a `GenerateOutput`.
-
-    Raises ValueError (with the keys that were present) when the answer has neither
-    `output_ids` nor `meta_info.output_token_logprobs`, unless it is an abort (then: no tokens).
-    """
-    meta = data.get("meta_info") or {}
-    finish_reason = meta.get("finish_reason")
-    if isinstance(finish_reason, dict):
-        finish_type = str(finish_reason.get("type", ""))
-    else:
-        finish_type = str(finish_reason or "")
-    token_logprobs = meta.get("output_token_logprobs")
-    if token_logprobs is not None:
-        # Each entry is [logprob, token_id, token_text_or_null].
-        output_ids = [int(entry[1]) for entry in token_logprobs]
-        logprobs: list[float] | None = [float(entry[0]) for entry in token_logprobs]
-    elif "output_ids" in data:
-        output_ids = [int(t) for t in data["output_ids"]]
-        logprobs = None
-    elif finish_type == "abort":
-        # SGLang answers a request aborted while still queued ("Abort before prefill") without
-        # either field: it produced nothing, which is a valid partial result to resume from.
-        output_ids, logprobs = [], []
-    else:
-        raise ValueError(
-            "generate answer has neither output_ids nor meta_info.output_token_logprobs "
-            f"(keys: {sorted(data)}, meta_info keys: {sorted(meta)})"
-        )
-    weight_version = meta.get("weight_version")
-    token_versions = _token_versions(meta.get("weight_version_segments"), len(output_ids))
-    return GenerateOutput(
-        output_ids=output_ids,
-        logprobs=logprobs,
-        finish_type=finish_type,
-        prompt_tokens=int(meta.get("prompt_tokens", 0)),
-        completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
-        cached_tokens=int(meta.get("cached_tokens", 0)),
-        weight_version=None if weight_version is None else str(weight_version),
-        finish_reason=finish_reason if isinstance(finish_reason, dict) else None,
-        text=data.get("text"),
-        token_versions=token_versions,
-    )
-
-
-def _token_versions(segments: Any, n_tokens: int) -> list[str] | None:
-    """``[[version, n], ...]`` expanded to one version per output token; None when absent."""
-    if segments is None:
-        return None
-    try:
-        versions = [str(version) for version, count in segments for _ in range(int(count))]
-    except (TypeError, ValueError):
-        raise ValueError(f"meta_info.weight_version_segments must be [[version, n_tokens], ...], got {segments!r:.200}")
-    if len(versions) != n_tokens:
-        raise ValueError(f"meta_info.weight_version_segments covers {len(versions)} tokens, the answer has {n_tokens}")
-    return versions
 
 
 # --------------------------------------------------------------------------------------
@@ -260,10 +176,24 @@ class EngineClient:
         return_logprob: bool = True,
         rid: str | None = None,
         timeout: float | None = None,
+        stream: bool = False,
+        version_lag: int = 0,
     ) -> dict[str, Any]:
-        """`POST /generate` for one prompt; returns SGLang's answer dict (see `parse_generate_output`)."""
+        """`POST /generate` for one prompt; returns SGLang's answer dict (see `parse_generate_output`).
+
+        ``stream``: ask for SGLang's stream of chunks (server-sent events) and assemble them into
+        the same answer, with each output token's weight version taken from the chunk that first
+        reported it (``meta_info.weight_version_segments``, unless the engine gives its own; see
+        `StreamAssembler`, which also explains ``version_lag``). An abort ends the stream like the
+        plain call's answer (finish_reason abort, the tokens so far); a failure in the stream raises
+        the EngineError the plain call would (EngineHTTPError with its status, EngineConnectionError
+        when the stream breaks off, EngineTimeout past ``timeout``)."""
         payload = _generate_payload(input_ids, sampling_params, return_logprob, rid)
-        return await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
+        if not stream:
+            return await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
+        payload["stream"] = True
+        return await self._retrying(lambda: self._stream_once("/generate", payload, timeout, version_lag),
+                                    _Retry.BEFORE_SEND)
 
     async def generate_batch(
         self,
@@ -488,10 +418,13 @@ class EngineClient:
         attempts: int | None = None,
     ) -> Any:
         """One logical call with retries; returns the decoded JSON body, or the text if not JSON."""
+        return await self._retrying(lambda: self._send_once(method, endpoint, payload, timeout), retry, attempts)
+
+    async def _retrying(self, send: Callable[[], Awaitable[Any]], retry: _Retry, attempts: int | None = None) -> Any:
         attempts = attempts or self.retry.attempts
         for attempt in range(attempts):
             try:
-                return await self._send_once(method, endpoint, payload, timeout)
+                return await send()
             except EngineError as error:
                 if attempt + 1 >= attempts or not _retryable(error, retry):
                     raise
@@ -528,6 +461,64 @@ class EngineClient:
         if status >= 400:
             raise EngineHTTPError(self.url, endpoint, status, _error_message(body))
         return _decode(body)
+
+
+    async def _stream_once(self, endpoint: str, payload: Any, timeout: float | None, version_lag: int) -> dict[str, Any]:
+        """One streamed call: its chunks assembled into the plain call's answer."""
+        session = self._get_session()
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        total = self.timeout if timeout is None else timeout
+        assembler, decoder, done = StreamAssembler(version_lag), SSEDecoder(), False
+        try:
+            async with session.request("POST", self.url + endpoint, data=orjson.dumps(payload), headers=headers,
+                                       timeout=aiohttp.ClientTimeout(total=total)) as response:
+                if response.status >= 400:
+                    raise EngineHTTPError(self.url, endpoint, response.status, _error_message(await response.read()))
+                if not response.content_type.startswith("text/event-stream"):
+                    answer = _decode(await response.read())  # an engine that does not stream: its plain answer
+                    if not isinstance(answer, dict):
+                        raise EngineHTTPError(self.url, endpoint, response.status,
+                                              f"expected a stream or a JSON object, got {_excerpt(answer)}")
+                    return answer
+                async for data in response.content.iter_any():
+                    for event in decoder.feed(data):
+                        if event.strip() == b"[DONE]":
+                            done = True
+                            break
+                        self._take_chunk(assembler, event, endpoint)
+                    if done:
+                        break
+        except aiohttp.ClientConnectorError as exc:
+            raise EngineUnreachable(self.url, endpoint, None, _connect_message(exc)) from exc
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise EngineTimeout(self.url, endpoint, None, f"no complete stream within {total} s "
+                                f"({assembler.tokens} tokens received)") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise EngineConnectionError(self.url, endpoint, None, f"stream broke off after {assembler.tokens} "
+                                        f"tokens: {type(exc).__name__}: {exc}") from exc
+        if not assembler.finished:
+            if not done:  # the connection closed cleanly, mid-request: the engine went away
+                raise EngineConnectionError(self.url, endpoint, None, f"stream ended after {assembler.tokens} "
+                                            "tokens, before the request finished")
+            raise EngineHTTPError(self.url, endpoint, 200, f"stream ended with [DONE] after {assembler.tokens} "
+                                  "tokens but no chunk had a finish_reason")
+        return assembler.answer()
+
+    def _take_chunk(self, assembler: StreamAssembler, event: bytes, endpoint: str) -> None:
+        try:
+            chunk = orjson.loads(event)
+        except orjson.JSONDecodeError as exc:
+            raise EngineHTTPError(self.url, endpoint, 200, f"stream chunk is not JSON ({exc}): "
+                                  f"{_excerpt(event.decode('utf-8', 'replace'))}") from None
+        failure = stream_failure(chunk) if isinstance(chunk, dict) else None
+        if failure is not None:
+            raise EngineHTTPError(self.url, endpoint, failure[0], failure[1])
+        try:
+            assembler.add(chunk)
+        except ValueError as exc:
+            raise EngineHTTPError(self.url, endpoint, 200, f"bad stream chunk: {exc}") from None
 
 
 # The caller-facing fields of SGLang 0.5.17's SamplingParams. SGLang answers an unknown one

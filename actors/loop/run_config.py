@@ -22,6 +22,7 @@ from actors.trainer.config import TrainerConfig
 from policies.loss_spec import LossSpec
 from slime_async.config.loader import Schema, load_config
 from slime_async.config.sections import CheckpointConfig, ClusterConfig
+from slime_async.quiesce import leaves_engine_idle
 
 
 @dataclass
@@ -139,7 +140,11 @@ class RunConfig:
             trainer=replace(self.trainer, global_batch_size=self._global_batch_size(),
                             use_reference=self.trainer.use_reference or needs_reference(self.algorithm)),
             router=replace(self.router, router_request_timeout=(
-                self.engine.engine_request_timeout if router_timeout is None else router_timeout)),
+                self.engine.engine_request_timeout if router_timeout is None else router_timeout),
+                # Per-token versions from the engines' streams where a request can span an update.
+                router_stream_generate=(not leaves_engine_idle(train.weight_update_mode)
+                                        if self.router.router_stream_generate is None
+                                        else self.router.router_stream_generate)),
             # Unset: disk, or IPC handles (tensor) for colocated weights; an explicit choice stays.
             train=replace(train, update_weight_transport=train.update_weight_transport or (
                 "tensor" if train.colocate else "disk")),

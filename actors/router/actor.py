@@ -25,6 +25,10 @@ Concurrency: handlers run one at a time in the mailbox; request tasks (``defer``
 loops mutate state only in the synchronous stretches between their awaits, which the
 single-threaded event loop serialises just like the mailbox does. That keeps the routing hop a
 plain function call instead of a second mailbox round trip per request.
+
+One actor, several files: the request path (pick, send, fail over, record) is dispatch.py, the
+health and load loops health.py, what the router knows of one engine engine_state.py; this file
+holds the handlers, the weight-sync pause and resume, and the engines' state changes.
 """
 
 from __future__ import annotations
@@ -38,34 +42,30 @@ from typing import Any
 import aiohttp
 
 from actors.router.config import RouterConfig
-from actors.router.engine_state import EngineState, Health, reported_capacity, reported_load
-from actors.router.errors import NoEngineAvailable, RouterError
+from actors.router.dispatch import RequestPath
+from actors.router.engine_state import EngineState, Health, engine_tag, normalize_url
+from actors.router.errors import NoEngineAvailable, RouterError  # noqa: F401 - exported (actors.router)
+from actors.router.health import HealthChecks
 from actors.router.http_front import HttpFront
 from actors.router.text_model import TextModel
 from actors.router.sessions import SessionTable
 from policies.concurrency import EngineCapacity
-from policies.routing import RoutingPolicy, choose_engine
+from policies.routing import RoutingPolicy
 from slime_async.actor import Actor, Deferred
 from slime_async.engine_client import (
     EngineClient,
-    EngineConnectionError,
     EngineError,
-    EngineHTTPError,
     RetryPolicy,
     new_engine_session,
 )
 from slime_async.quiesce import QuiesceMode, check_mode, engine_pause_mode
-from slime_async.sample import policy_version
 from slime_async.task_group import gather_or_cancel, gather_settled
 from slime_async.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
 
-# Per /v1/loads poll, the external-load estimate falls 30% of the way to a lower sample.
-LOAD_DECAY = 0.7
 
-
-class RouterActor(Actor):
+class RouterActor(RequestPath, HealthChecks, Actor):
     name = "router"
 
     def __init__(
@@ -265,158 +265,6 @@ class RouterActor(Actor):
                 out[f"router/routed_{key.removeprefix('reason:')}"] = count
         return out
 
-    # ----- request path ------------------------------------------------------------------------
-    async def _serve(
-        self,
-        input_ids: list[int],
-        sampling_params: dict[str, Any],
-        session_id: str | None,
-        rid: str | None,
-        return_logprob: bool,
-        trace_args: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        retries_left = self.config.router_request_retries
-        failures: list[str] = []
-        while True:
-            engine = self._pick(session_id) or await self._wait_for_engine(session_id)
-            engine.in_flight += 1
-            sent, response = self._trace.now(), None
-            pauses_before, version_at_send = engine.in_place_pauses, engine.weight_version
-            try:
-                response = await self._send(engine, input_ids, sampling_params, rid, return_logprob)
-            except EngineConnectionError as error:
-                engine.errors += 1
-                self._mark_down(engine, str(error))
-                failures.append(str(error))
-                if retries_left == 0:
-                    raise RouterError(
-                        f"router: request failed on {len(failures)} engine(s) "
-                        f"(--router-request-retries {self.config.router_request_retries}): "
-                        + "; ".join(failures)
-                    ) from error
-                retries_left -= 1
-                self._counters["retries"] += 1
-                continue
-            except EngineError:
-                engine.errors += 1
-                raise
-            finally:
-                engine.in_flight -= 1
-                self._trace_request(engine, sent, len(input_ids), response, trace_args)
-                if engine.paused:
-                    self._notify()  # a pause may be waiting for this engine to go quiet
-            if engine.in_place_pauses > pauses_before:
-                _label_in_place_span(response, version_at_send or engine.last_in_place_pause_version)
-            self._record(engine, response)
-            response["engine_url"] = engine.url
-            return response
-
-    async def _send(
-        self,
-        engine: EngineState,
-        input_ids: list[int],
-        sampling_params: dict[str, Any],
-        rid: str | None,
-        return_logprob: bool,
-    ) -> dict[str, Any]:
-        """One /generate call that the health loop can abandon: when it marks the engine down
-        (a hung engine keeps connections open but never answers), the call ends with an
-        EngineConnectionError and the request fails over like after a refused connection."""
-        call = asyncio.ensure_future(
-            engine.client.generate(
-                input_ids,
-                sampling_params,
-                return_logprob=return_logprob,
-                rid=rid,
-                timeout=self.config.router_request_timeout,
-            )
-        )
-        engine.calls.add(call)
-        try:
-            return await call
-        except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():
-                raise  # the request itself was cancelled (the router stops)
-            raise EngineConnectionError(
-                engine.url, "/generate", None, f"abandoned: engine marked down ({engine.down_reason})"
-            ) from None
-        finally:
-            engine.calls.discard(call)
-
-    def _trace_request(self, engine: EngineState, sent: float, prompt_tokens: int, response: dict[str, Any] | None,
-                       trace_args: dict[str, Any] | None) -> None:
-        """The request's span on its engine's lanes (one per request in flight there)."""
-        if not self._trace.enabled:
-            return
-        meta = (response or {}).get("meta_info") or {}
-        finish = meta.get("finish_reason")
-        args = dict(trace_args or {}) | {
-            "prompt_tokens": prompt_tokens, "completion_tokens": meta.get("completion_tokens"),
-            "version": policy_version(meta["weight_version"]) if "weight_version" in meta else None,
-            "finish": finish.get("type") if isinstance(finish, dict) else ("error" if response is None else None)}
-        self._trace.record("generate", self._trace.pool(f"engine {engine_tag(engine.url)}", "request"), sent,
-                           cat="generate", **args)
-
-    def _pick(self, session_id: str | None) -> EngineState | None:
-        """Choose and bind an engine now, or None when no engine is routable."""
-        loads = {url: engine.load for url, engine in self._engines.items() if engine.routable}
-        if not loads:
-            return None
-        route = choose_engine(
-            self.policy,
-            session_id,
-            loads,
-            self._sessions,
-            imbalance_threshold=self.config.router_imbalance_threshold,
-            bound=self._sessions.bound,
-            cursor=self._cursor,
-        )
-        self._cursor += 1
-        self._counters[f"reason:{route.reason.value}"] += 1
-        if session_id is not None:
-            self._sessions.bind(session_id, route.engine)
-        if route.moved:
-            self._counters["session_moves"] += 1
-            self._counters[f"moved_out:{route.previous}"] += 1
-        return self._engines[route.engine]
-
-    async def _wait_for_engine(self, session_id: str | None) -> EngineState:
-        """Wait until an engine is routable: without limit while a weight sync holds engines
-        paused, else at most ``--router-no-engine-timeout`` seconds."""
-        loop = asyncio.get_running_loop()
-        deadline: float | None = None
-        while True:
-            engine = self._pick(session_id)
-            if engine is not None:
-                return engine
-            if any(engine.paused for engine in self._engines.values()):
-                deadline, remaining = None, None
-            else:
-                if deadline is None:
-                    deadline = loop.time() + self.config.router_no_engine_timeout
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    states = ", ".join(f"{e.url}: {e.state} {e.down_reason}".strip() for e in self._engines.values())
-                    raise NoEngineAvailable(
-                        f"router: no healthy engine for {self.config.router_no_engine_timeout:g} s "
-                        f"(--router-no-engine-timeout); engines: {states or 'none registered'}"
-                    )
-            await self._next_change(remaining)
-
-    def _record(self, engine: EngineState, response: dict[str, Any]) -> None:
-        engine.requests += 1
-        meta = response.get("meta_info") or {}
-        engine.prompt_tokens += int(meta.get("prompt_tokens") or 0)
-        engine.cached_tokens += int(meta.get("cached_tokens") or 0)
-        version = meta.get("weight_version")
-        if version is None:
-            return
-        engine.weight_version = str(version)
-        # An engine restarted between two health checks comes back with its initial weights;
-        # its first answer gives it away.
-        if self._expected_version is not None and engine.weight_version != self._expected_version:
-            self._mark_stale(engine, engine.weight_version)
-
     # ----- weight sync ----------------------------------------------------------------------------
     async def _quiesce(self, targets: list[EngineState], mode: QuiesceMode) -> dict[str, str]:
         engine_mode = engine_pause_mode(mode)
@@ -492,94 +340,6 @@ class RouterActor(Actor):
     async def _weight_version(self, engine: EngineState) -> str | None:
         return await engine.client.get_weight_version(timeout=self.config.router_health_timeout)
 
-    # ----- health ---------------------------------------------------------------------------------
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.router_health_interval)
-            checked = [engine for engine in self._engines.values() if not engine.paused]
-            await asyncio.gather(*(self._check(engine) for engine in checked))
-
-    async def _check(self, engine: EngineState) -> None:
-        if engine.paused_in_place and not await self._continue(engine):
-            return  # its continue after a sync failed again: down (a paused engine fails health checks anyway)
-        ok = await engine.client.health_generate(timeout=self.config.router_health_timeout)
-        if engine.paused or self._engines.get(engine.url) is not engine:
-            return  # paused or removed meanwhile: the answer no longer matters
-        if not ok:
-            engine.health_failures += 1
-            if engine.health is Health.UP and engine.health_failures >= self.config.router_health_failures:
-                self._take_down(engine, f"{engine.health_failures} failed health checks")
-            return
-        engine.health_failures = 0
-        if engine.health is not Health.UP:
-            await self._read_capacity(engine)  # back after being down: maybe restarted with other limits
-        if engine.health is not Health.UP or self._expected_version is not None:
-            await self._verify_and_admit(engine)
-
-    async def _admit(self, engine: EngineState) -> dict[str, Any]:
-        if not engine.paused:
-            if await engine.client.health_generate(timeout=self.config.router_health_timeout):
-                engine.health_failures = 0
-                await self._read_capacity(engine)
-                await self._verify_and_admit(engine)
-            else:
-                self._mark_down(engine, "failed its health check at registration")
-        return engine.describe()
-
-    async def _verify_and_admit(self, engine: EngineState) -> None:
-        """Route to a healthy engine again, if its weights are the expected ones."""
-        if self._expected_version is not None:
-            try:
-                version = await self._weight_version(engine)
-            except EngineError as error:
-                log.warning("router: %s is healthy but its weight version is unknown: %s", engine.url, error)
-                return
-            if engine.paused or self._engines.get(engine.url) is not engine:
-                return
-            engine.weight_version = version
-            if version != self._expected_version:
-                self._mark_stale(engine, version)
-                return
-        self._mark_up(engine)
-
-    async def _read_capacities(self, engines: list[EngineState]) -> None:
-        await asyncio.gather(*(self._read_capacity(engine) for engine in engines))
-
-    async def _read_capacity(self, engine: EngineState) -> None:
-        """What the engine can hold at once; unknown (None) if it does not answer or say."""
-        try:
-            engine.capacity = reported_capacity(await engine.client.get_server_info(
-                timeout=self.config.router_health_timeout))
-        except (EngineError, ValueError) as error:
-            log.info("router: %s did not report its capacity (%s); counting it as unknown", engine.url, error)
-
-    async def _load_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.router_load_interval)
-            polled = [engine for engine in self._engines.values() if engine.routable and engine.loads_supported]
-            await asyncio.gather(*(self._poll_load(engine) for engine in polled))
-
-    async def _poll_load(self, engine: EngineState) -> None:
-        try:
-            total = reported_load(await engine.client.get_loads(timeout=self.config.router_health_timeout))
-        except EngineHTTPError as error:
-            if error.status == 404:
-                log.info("router: %s has no /v1/loads; counting only the router's own requests", engine.url)
-                engine.loads_supported = False
-            return
-        except EngineError:
-            return  # the health loop deals with unreachable engines
-        except ValueError as error:
-            log.warning("router: ignoring /v1/loads of %s: %s", engine.url, error)
-            engine.loads_supported = False
-            return
-        # The engine's count includes our own requests; what is beyond them is other traffic.
-        sample = max(0.0, total - engine.in_flight)
-        # Rise at once, fall slowly: another client's requests finish in batches and are
-        # re-sent a moment later, and a session moved into such a dip would pay for it with
-        # its prefix cache only to be moved back.
-        engine.external_load = max(sample, LOAD_DECAY * engine.external_load + (1 - LOAD_DECAY) * sample)
-
     # ----- state changes --------------------------------------------------------------------------
     def _add(self, url: str, health: Health, reason: str = "") -> EngineState:
         client = EngineClient(
@@ -648,28 +408,6 @@ class RouterActor(Actor):
                 await changed.wait()
         except TimeoutError:
             pass
-
-
-def _label_in_place_span(response: dict[str, Any], version_before: str) -> None:
-    """A request that ran across an in-place sync on an engine that does not say which of its
-    tokens came before it (SGLang reports one version, the one at the end): all of them get
-    the version before the first such sync, so that no token looks newer (and its staleness
-    smaller) than it is. The CPU engine reports the exact split itself."""
-    meta = response.setdefault("meta_info", {})
-    if "weight_version_segments" in meta:
-        return
-    n_tokens = len(meta.get("output_token_logprobs") or response.get("output_ids") or [])
-    meta["weight_version_segments"] = [[version_before, n_tokens]] if n_tokens else []
-
-
-def normalize_url(url: str) -> str:
-    url = url.strip().rstrip("/")
-    return url if "://" in url else f"http://{url}"
-
-
-def engine_tag(url: str) -> str:
-    """``http://127.0.0.1:30001`` -> ``127.0.0.1:30001`` for metric names."""
-    return url.split("://", 1)[-1]
 
 
 def _ratio(numerator: float, denominator: float) -> float:

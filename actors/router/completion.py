@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_async.engine_client import parse_generate_output
+from slime_async.generate_output import parse_generate_output
 
 MAX_ABORTS = 64  # a completion aborted this often is not making progress
 

@@ -32,6 +32,12 @@ class RouterConfig:
         "times a request is re-sent to another engine after a connection error"))
     router_request_timeout: float | None = field(default=None, metadata=_help(
         "seconds one /generate call to an engine may take (none = --engine-request-timeout)"))
+    router_stream_generate: bool | None = field(default=None, metadata=_help(
+        "stream each /generate from the engines (SGLang's stream: true) and take each output token's weight "
+        "version from the chunk that reported it: exact per-token versions for requests that keep running across "
+        "a weight update; none = when --weight-update-mode keeps them running (in_place, retract), since a stream "
+        "costs the router 45-60 us of CPU per token on short answers, and SGLang's default chunks repeat every "
+        "token so far (benchmarks/stream_overhead.py)"))
     router_no_engine_timeout: float = field(default=120.0, metadata=_help(
         "seconds a request waits for a healthy engine when all are down before it fails "
         "(waiting during a weight-sync pause is not limited)"))

@@ -35,13 +35,17 @@ class EngineState:
     # In-place syncs (pause mode in_place): the engine itself holds its running requests. A
     # request that ran across one (the count moved while it ran) has its tokens labelled with
     # the version before the first such pause when the engine cannot say which tokens came
-    # before it (SGLang): the version seen when it was sent, else the last pause's.
+    # before it (SGLang's plain answer; a streamed one says): the version seen when it was sent,
+    # else the last pause's.
     # paused_in_place stays True until continue_generation succeeded (the health loop retries it).
     paused_in_place: bool = False
     in_place_pauses: int = 0
     last_in_place_pause_version: str | None = None
     # What it can hold at once (/server_info), read when it is admitted: None until then.
     capacity: EngineCapacity | None = None
+    # Streamed requests (--router-stream-generate): how many tokens sampled before an in-place
+    # pause its stream may report after the update (/server_info, reported_version_lag).
+    version_lag: int = 0
     # cumulative counters (metrics)
     requests: int = 0
     errors: int = 0
@@ -117,5 +121,33 @@ def reported_capacity(server_info: Any) -> EngineCapacity:
     return EngineCapacity(max_running_requests=running, max_total_num_tokens=tokens)
 
 
+def reported_version_lag(server_info: Any) -> int:
+    """How many output tokens sampled before an in-place pause an engine's stream may report only
+    after the update, under the new weight version, from its ``/server_info`` (SGLang's server
+    args): the overlap scheduler holds its last step's result through the pause (scheduler.py
+    ``event_loop_overlap``; with speculative decoding that step may bring every draft token), and
+    ``stream_interval`` N streams a request only every N tokens. 0 when the engine says neither
+    (the CPU engine reports stream_interval 1, no overlap)."""
+    if not isinstance(server_info, dict):
+        return 0
+    interval = server_info.get("stream_interval")
+    lag = interval - 1 if isinstance(interval, int) and interval > 1 else 0
+    if server_info.get("disable_overlap_schedule") is False:
+        drafts = server_info.get("speculative_num_draft_tokens")
+        speculative = server_info.get("speculative_algorithm") not in (None, "", "NONE")
+        lag += drafts if speculative and isinstance(drafts, int) and drafts > 1 else 1
+    return lag
+
+
 def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    return url if "://" in url else f"http://{url}"
+
+
+def engine_tag(url: str) -> str:
+    """``http://127.0.0.1:30001`` -> ``127.0.0.1:30001`` for metric names."""
+    return url.split("://", 1)[-1]

@@ -28,7 +28,8 @@ import torch  # noqa: E402
 
 from benchmarks.gpu.trainer_throughput import init_single_rank_env, sync  # noqa: E402
 from slime_async.batch import Batch  # noqa: E402
-from slime_async.engine_client import EngineClient, parse_generate_output  # noqa: E402
+from slime_async.engine_client import EngineClient  # noqa: E402
+from slime_async.generate_output import parse_generate_output  # noqa: E402
 
 
 def fp32_logprobs(model, batch: Batch) -> list[list[float]]:

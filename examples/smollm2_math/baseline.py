@@ -26,7 +26,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from actors.engine.cpu.local import start_local_engine, stop_local_engine  # noqa: E402
 from policies.rewards import last_boxed, math_reward  # noqa: E402
-from slime_async.engine_client import EngineClient, parse_generate_output  # noqa: E402
+from slime_async.engine_client import EngineClient  # noqa: E402
+from slime_async.generate_output import parse_generate_output  # noqa: E402
 
 
 def spread_subset(rows: list[dict], limit: int | None) -> list[dict]:

@@ -20,12 +20,8 @@ import pytest
 import torch
 
 from actors.engine.external import discover_external_engine
-from slime_async.engine_client import (
-    EngineClient,
-    EngineHTTPError,
-    GenerateOutput,
-    parse_generate_output,
-)
+from slime_async.engine_client import EngineClient, EngineHTTPError
+from slime_async.generate_output import GenerateOutput, parse_generate_output
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 

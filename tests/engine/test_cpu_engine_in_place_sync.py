@@ -24,7 +24,7 @@ from actors.rollout.config import RolloutConfig
 from actors.rollout.data import Prompt
 from actors.rollout.generate import GenerateContext
 from actors.router import RouterActor, RouterConfig
-from actors.router.actor import _label_in_place_span
+from actors.router.dispatch import _label_in_place_span
 from slime_async.actor import Actor, spawn
 from slime_async.sample import Sample
 

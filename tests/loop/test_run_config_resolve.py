@@ -37,6 +37,18 @@ def test_the_routers_engine_calls_time_out_after_the_engine_request_timeout_unle
     assert parse("--engine-request-timeout", "42", "--router-request-timeout", "7").router.router_request_timeout == 7.0
 
 
+@pytest.mark.parametrize(("flags", "stream"), [
+    ([], False),
+    (["--weight-update-mode", "drain"], False),
+    (["--weight-update-mode", "in_place"], True),  # requests run across an update: versions per token
+    (["--weight-update-mode", "retract"], True),
+    (["--weight-update-mode", "in_place", "--no-router-stream-generate"], False),
+    (["--router-stream-generate"], True),
+])
+def test_the_router_streams_generate_calls_where_a_request_can_span_a_weight_update(flags, stream):
+    assert parse(*flags).router.router_stream_generate is stream
+
+
 def test_the_trainer_keeps_a_reference_model_when_a_kl_term_needs_it():
     assert not parse().trainer.use_reference
     assert parse("--use-kl-loss", "--kl-loss-coef", "0.01").trainer.use_reference

@@ -23,7 +23,9 @@ from slime_async.tiny_model import build_tiny_model
 class FakeEngine:
     """Speaks the part of SGLang's API the router uses; every request is recorded.
 
-    ``hold`` keeps /generate requests open until ``release()`` or ``/abort_request``;
+    ``hold`` keeps /generate requests open until ``release()`` or ``/abort_request``; a streamed
+    /generate is answered with the plain answer (an engine that does not stream) unless
+    ``break_streams``;
     ``cached_tokens`` answers the prefix this engine has seen before (prompt ids as a
     prefix cache); ``healthy`` answers /health_generate; ``external_running`` is added to
     /v1/loads as if another client kept requests running.
@@ -35,6 +37,8 @@ class FakeEngine:
     weight_version: str = "0"
     external_running: int = 0
     hold: bool = False
+    # A streamed /generate (``stream: true``) sends its first chunk and then closes the connection.
+    break_streams: bool = False
     paths: list[str] = field(default_factory=list)
     prompts: list[list[int]] = field(default_factory=list)
     running: int = 0
@@ -73,9 +77,17 @@ class FakeEngine:
         self._released.set()
         self._released = asyncio.Event()
 
-    async def _generate(self, request: web.Request) -> web.Response:
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
         self.paths.append(request.path)
         body = orjson.loads(await request.read())
+        if body.get("stream") and self.break_streams:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            chunk = {"output_ids": [7], "meta_info": {"completion_tokens": 1, "finish_reason": None,
+                                                      "weight_version": self.weight_version}}
+            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            request.transport.close()
+            return response
         ids = list(body["input_ids"])
         self.prompts.append(ids)
         cached = max((n for n in range(len(ids) + 1) if tuple(ids[:n]) in self._seen_prefixes), default=0)

@@ -95,6 +95,18 @@ async def test_a_connection_error_retries_the_request_elsewhere_and_moves_the_se
     assert metrics["router/engines_up"] == 2
 
 
+async def test_a_stream_that_breaks_off_is_sent_again_to_another_engine(fake_engines, start_router):
+    router = await start_router([f.url for f in fake_engines], router_stream_generate=True)
+    first = (await generate(router, [1, 2], "s"))["engine_url"]  # plain answers to a stream request are taken
+    by_url(fake_engines)[first].break_streams = True
+
+    answer = await generate(router, [1, 2, 7, 3], "s")
+
+    assert answer["engine_url"] != first and answer["output_ids"] == [7]
+    assert state_of(await router.ask("engines"), first) == "down"
+    assert (await router.ask("metrics"))["router/retries"] == 1
+
+
 async def test_a_request_fails_with_the_engine_url_when_retries_are_exhausted(fake_engines, start_router):
     router = await start_router([fake_engines[0].url], router_request_retries=0)
     await fake_engines[0].stop()

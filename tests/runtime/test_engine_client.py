@@ -7,6 +7,7 @@ client's own transport rules: what is retried, what is not, and what an error sa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 import socket
 from dataclasses import dataclass, field
@@ -26,8 +27,8 @@ from slime_async.engine_client import (
     EngineTimeout,
     EngineUnreachable,
     RetryPolicy,
-    parse_generate_output,
 )
+from slime_async.generate_output import parse_generate_output
 
 NO_WAIT = RetryPolicy(attempts=4, initial_delay=0.0, max_delay=0.0)
 
@@ -41,6 +42,18 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: Any
+
+
+@dataclass
+class Stream:
+    """A streamed answer: these chunks as server-sent events, then ``data: [DONE]`` unless
+    ``done`` is False; ``drop`` closes the connection after the chunks instead; ``hang`` waits
+    for the engine's release after them."""
+
+    chunks: list[Any]
+    done: bool = True
+    drop: bool = False
+    hang: bool = False
 
 
 @dataclass
@@ -70,6 +83,19 @@ class ScriptedEngine:
         if answer == HANG:
             await self.release.wait()
             return web.Response()
+        if isinstance(answer, Stream):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for chunk in answer.chunks:
+                await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            if answer.drop:
+                request.transport.close()
+                return response
+            if answer.hang:
+                await self.release.wait()
+            if answer.done:
+                await response.write(b"data: [DONE]\n\n")
+            return response
         status, payload = answer
         if isinstance(payload, (dict, list)):
             return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
@@ -137,6 +163,79 @@ async def test_generate_posts_sglang_native_payload(engine, client):
         "return_logprob": True,
         "rid": "r1",
     }
+
+
+def stream_of(answer: dict[str, Any], versions: list[str]) -> list[dict[str, Any]]:
+    """``answer`` as SGLang streams it by default: one cumulative chunk per token, the i-th built
+    under ``versions[i]``, finish_reason only on the last."""
+    meta, n = answer["meta_info"], len(answer["output_ids"])
+    return [{"output_ids": answer["output_ids"][:i + 1],
+             "meta_info": {**meta, "output_token_logprobs": meta["output_token_logprobs"][:i + 1],
+                           "completion_tokens": i + 1, "weight_version": versions[i],
+                           "finish_reason": meta["finish_reason"] if i + 1 == n else None}}
+            for i in range(n)]
+
+
+@pytest.mark.asyncio
+async def test_a_streamed_generate_asks_for_a_stream_and_returns_the_plain_answer_with_chunk_versions(engine, client):
+    engine.reply("/generate", Stream(stream_of(GENERATE_ANSWER, ["6", "7"])))
+    answer = await client.generate([1, 2, 3], {"max_new_tokens": 2}, rid="r1", stream=True)
+    assert engine.calls("/generate")[0].body["stream"] is True
+    expected = dataclasses.replace(parse_generate_output(GENERATE_ANSWER), token_versions=["6", "7"])
+    assert parse_generate_output(answer) == expected
+
+
+@pytest.mark.asyncio
+async def test_a_streamed_abort_returns_the_tokens_so_far(engine, client):
+    chunks = stream_of(GENERATE_ANSWER, ["7", "7"])
+    chunks[-1]["meta_info"]["finish_reason"] = {"type": "abort", "message": "Aborted", "status_code": None}
+    engine.reply("/generate", Stream(chunks))
+    out = parse_generate_output(await client.generate([1], {"max_new_tokens": 8}, stream=True))
+    assert (out.output_ids, out.logprobs, out.finish_type) == ([5, 6], [-0.5, -1.25], "abort")
+
+
+@pytest.mark.parametrize("last, status, message", [
+    ({"error": {"message": "prompt too long", "type": "invalid_request_error", "code": 400}}, 400, "prompt too long"),
+    ({"output_ids": [], "meta_info": {"completion_tokens": 0, "finish_reason": {
+        "type": "abort", "message": "engine step failed", "status_code": 500}}}, 500, "engine step failed"),
+])
+@pytest.mark.asyncio
+async def test_a_failure_in_the_stream_raises_the_http_error_the_plain_call_would(engine, client, last, status, message):
+    engine.reply("/generate", Stream(stream_of(GENERATE_ANSWER, ["7", "7"])[:1] + [last]))
+    with pytest.raises(EngineHTTPError, match=message) as info:
+        await client.generate([1], {"max_new_tokens": 2}, stream=True)
+    assert info.value.status == status and engine.url in str(info.value)
+
+
+@pytest.mark.asyncio
+async def test_a_stream_that_breaks_off_is_a_connection_error_and_is_not_retried(engine, client):
+    engine.reply("/generate", Stream(stream_of(GENERATE_ANSWER, ["7", "7"])[:1], drop=True))
+    with pytest.raises(EngineConnectionError, match="after 1 tokens"):
+        await client.generate([1], {"max_new_tokens": 2}, stream=True)
+    assert len(engine.calls("/generate")) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_stream_done_before_a_finished_chunk_is_rejected(engine, client):
+    engine.reply("/generate", Stream(stream_of(GENERATE_ANSWER, ["7", "7"])[:1]))
+    with pytest.raises(EngineHTTPError, match="no chunk had a finish_reason"):
+        await client.generate([1], {"max_new_tokens": 2}, stream=True)
+
+
+@pytest.mark.asyncio
+async def test_a_streamed_generate_times_out_mid_stream(engine, client):
+    engine.reply("/generate", Stream(stream_of(GENERATE_ANSWER, ["7", "7"])[:1], hang=True))
+    with pytest.raises(EngineTimeout, match="1 tokens received"):
+        await client.generate([1], {"max_new_tokens": 2}, stream=True, timeout=0.3)
+
+
+@pytest.mark.asyncio
+async def test_an_error_status_or_a_plain_answer_to_a_stream_request_is_taken_as_the_plain_call_takes_it(engine,
+                                                                                                       client):
+    engine.reply("/generate", (400, {"error": {"message": "input_ids out of range"}}), (200, GENERATE_ANSWER))
+    with pytest.raises(EngineHTTPError, match="input_ids out of range"):
+        await client.generate([1], {"max_new_tokens": 2}, stream=True)
+    assert await client.generate([1], {"max_new_tokens": 2}, stream=True) == GENERATE_ANSWER
 
 
 @pytest.mark.asyncio

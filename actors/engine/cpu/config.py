@@ -32,6 +32,11 @@ class EngineArgs:
     num_threads: int = 1  # engine and trainer share few cores on CI
     dtype: str = "float32"
     weight_version: str = "default"
+    # meta_info.weight_version_segments (which version produced which output tokens) in every
+    # answer; off, the answers are SGLang's, which only name the version when each was built.
+    weight_version_segments: bool = True
+    # SGLang's server arg: each stream chunk holds only its new tokens (default: everything so far).
+    incremental_streaming_output: bool = False
 
     def validate(self) -> None:
         check_model_dir(self.model_path)
@@ -79,4 +84,9 @@ def parse_args(argv: list[str] | None) -> EngineArgs:
     parser.add_argument("--num-threads", type=int, default=defaults.num_threads, help="torch intra-op threads")
     parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPES)
     parser.add_argument("--weight-version", default=defaults.weight_version)
+    parser.add_argument("--no-weight-version-segments", dest="weight_version_segments", action="store_false",
+                        help="answer exactly like SGLang: no meta_info.weight_version_segments (the version of "
+                             "each output token); a stream's chunks still name the version each was built under")
+    parser.add_argument("--incremental-streaming-output", action="store_true",
+                        help="SGLang's flag: each chunk of a streamed /generate holds only its new tokens")
     return EngineArgs(**vars(parser.parse_args(argv)))

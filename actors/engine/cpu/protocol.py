@@ -150,12 +150,14 @@ class GenerateItem:
 
 def parse_generate(
     body: Any, vocab_size: int, context_len: int, tokenizer: Any | None
-) -> tuple[list[GenerateItem], bool]:
-    """Split a /generate body into items; the flag says whether the caller sent a batch."""
+) -> tuple[list[GenerateItem], bool, bool]:
+    """Split a /generate body into items; the flags say whether the caller sent a batch and
+    whether it asked for a stream (one prompt only)."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    if body.get("stream"):
-        raise BadRequest("stream=true is not supported by the CPU engine")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"stream must be a boolean, got {stream!r}")
     prompts = body.get("input_ids")
     if prompts is None and body.get("text") is not None:
         prompts = _tokenize(tokenizer, body["text"])
@@ -176,7 +178,9 @@ def parse_generate(
         except ValueError as exc:
             raise BadRequest(where + str(exc)) from exc
         items.append(GenerateItem(rids[i] or uuid.uuid4().hex, ids, params, bool(logprob_flags[i])))
-    return items, is_batch
+    if stream and is_batch:
+        raise BadRequest("stream=true takes a single prompt, not a batch")
+    return items, is_batch, stream
 
 
 def _tokenize(tokenizer: Any | None, text: Any) -> Any:
@@ -189,26 +193,47 @@ def _tokenize(tokenizer: Any | None, text: Any) -> Any:
     raise BadRequest("text must be a string or a list of strings")
 
 
-def generate_output(req: "Request", weight_version: str, started: float, tokenizer: Any | None) -> dict[str, Any]:
-    """SGLang's response object for one finished request."""
+def generate_output(req: "Request", weight_version: str, started: float, tokenizer: Any | None,
+                    *, segments: bool = True, start: int = 0) -> dict[str, Any]:
+    """SGLang's response object for one finished request (also the last chunk of its stream).
+    ``segments``: add ``weight_version_segments``, which SGLang does not have (of all the output
+    tokens); ``start``: the last chunk of an incremental stream, with the tokens from there on."""
+    out = _answer(req, req.output_ids, req.output_logprobs, weight_version, started, tokenizer, final=True,
+                  start=start)
+    if segments and req.version_marks:
+        out["meta_info"]["weight_version_segments"] = version_segments(req.version_marks, len(req.output_ids))
+    return out
+
+
+def stream_chunk(req: "Request", output_ids: list[int], logprobs: list[float], weight_version: str, started: float,
+                 tokenizer: Any | None, *, start: int = 0) -> dict[str, Any]:
+    """A chunk of an unfinished request's stream, as SGLang 0.5.17 builds it (tokenizer_manager
+    ``_handle_batch_output``): by default cumulative (every token so far, in ``output_ids``,
+    ``output_token_logprobs`` and ``text``); ``start`` > 0 (``--incremental-streaming-output``)
+    only the tokens from ``start`` on. finish_reason null, ``completion_tokens`` all tokens so far,
+    ``weight_version`` the version when the chunk is built."""
+    return _answer(req, output_ids, logprobs, weight_version, started, tokenizer, final=False, start=start)
+
+
+def _answer(req: "Request", output_ids: list[int], logprobs: list[float], weight_version: str, started: float,
+            tokenizer: Any | None, *, final: bool, start: int = 0) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": req.rid,
-        "finish_reason": req.finish_reason,
+        "finish_reason": req.finish_reason if final else None,
         "prompt_tokens": len(req.input_ids),
-        "completion_tokens": len(req.output_ids),
+        "completion_tokens": len(output_ids),
         "cached_tokens": req.cached_tokens,
         "weight_version": weight_version,
         "e2e_latency": time.monotonic() - started,
     }
-    if req.version_marks:
-        meta["weight_version_segments"] = version_segments(req.version_marks, len(req.output_ids))
+    output_ids, logprobs = output_ids[start:], logprobs[start:]
     if req.return_logprob:
-        meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(req.output_logprobs, req.output_ids)]
+        meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(logprobs, output_ids)]
         meta["input_token_logprobs"] = []
-    out: dict[str, Any] = {"output_ids": list(req.output_ids), "meta_info": meta}
+    out: dict[str, Any] = {"output_ids": list(output_ids), "meta_info": meta}
     if tokenizer is not None:
-        text_ids = req.output_ids
-        matched = (req.finish_reason or {}).get("matched")
+        text_ids = output_ids
+        matched = (req.finish_reason or {}).get("matched") if final else None
         # SGLang trims a matched stop token from the text (not from output_ids).
         if isinstance(matched, int) and not req.params.no_stop_trim and text_ids:
             text_ids = text_ids[:-1]

@@ -79,6 +79,8 @@ class Request:
     # (first output index, weight version) of each stretch of output_ids one version generated:
     # a request paused in place across a weight swap continues on the new weights.
     version_marks: list[tuple[int, str]] = field(default_factory=list)
+    # A streamed request: called (scheduler thread) with each token that does not finish it.
+    on_token: Callable[["Request", int, float], None] | None = None
 
     def __post_init__(self) -> None:
         if self.params.sampling_seed is not None:
@@ -388,6 +390,11 @@ class Scheduler:
         elif len(request.input_ids) + len(request.output_ids) >= self.runner.context_len:
             # SGLang clips max_new_tokens to what the context leaves and reports that length.
             self._finish(request, {"type": "length", "length": len(request.output_ids)})
+        elif request.on_token is not None:  # the finishing token comes with the answer instead
+            try:
+                request.on_token(request, token, logprob)
+            except Exception:  # a broken callback must not take the scheduler down
+                logger.exception("on_token callback failed for request %s", request.rid)
 
     def _finish(self, request: Request, reason: dict[str, Any]) -> None:
         if request in self._running:

@@ -31,8 +31,10 @@ from actors.engine.cpu.memory import TAGS as MEMORY_TAGS
 from actors.engine.cpu.memory import MemoryOccupation, MemoryStateError
 from actors.engine.cpu.config import EngineArgs, ModelDirError, parse_args
 from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
-from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
+from actors.engine.cpu.protocol import (BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate,
+                                       stream_chunk)
 from actors.engine.cpu.scheduler import PAUSE_MODES, REFUSED, Request, Scheduler, SchedulerConfig
+from actors.engine.cpu.streaming import StreamedTokens, sse_event
 from slime_async.weights import flat_bucket
 from slime_async.dtypes import dtype_from_name
 from slime_async.net import serve_until_signalled
@@ -148,16 +150,19 @@ class EngineServer:
 
     # ---- generation ---------------------------------------------------------------------
 
-    async def generate(self, request: web.Request) -> web.Response:
+    async def generate(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await _read_json(request)
-            items, is_batch = parse_generate(body, self.runner.vocab_size, self.runner.context_len, self.tokenizer)
+            items, is_batch, stream = parse_generate(body, self.runner.vocab_size, self.runner.context_len,
+                                                     self.tokenizer)
         except BadRequest as exc:
             return _error(str(exc))
         # Early and cheap; the scheduler asks again at admission, which a release cannot race.
         refusal = self.memory.refusal()
         if refusal is not None:
             return _error(refusal, status=503)
+        if stream:
+            return await self._generate_stream(request, items[0])
         started = time.monotonic()
         try:
             async with self._model_update_lock.reader_lock:
@@ -173,17 +178,64 @@ class EngineServer:
         refused = next((req for req in finished if (req.finish_reason or {}).get("err_type") == REFUSED), None)
         if refused is not None:  # released between the early check and admission
             return _error(refused.finish_reason["message"], status=503)
-        outputs = [generate_output(req, self.weight_version, started, self.tokenizer) for req in finished]
+        outputs = [generate_output(req, self.weight_version, started, self.tokenizer,
+                                   segments=self.args.weight_version_segments) for req in finished]
         return _json(outputs if is_batch else outputs[0])
 
-    def _run(self, item: GenerateItem) -> asyncio.Future:
+    async def _generate_stream(self, request: web.Request, item: GenerateItem) -> web.StreamResponse:
+        """SGLang's streamed /generate (http_server ``generate_request``): ``data: <chunk>\n\n``
+        per chunk, cumulative unless --incremental-streaming-output (``protocol.stream_chunk``),
+        then the finished answer as the last chunk and ``data: [DONE]\n\n``. A chunk is built when its token arrives, under the version
+        current then; chunks the client has not taken yet are coalesced into the latest, as
+        SGLang's ``_wait_one_response`` does. A failure after the headers (an engine error, weights
+        released since the early check) is the last chunk's finish_reason, with its status_code."""
+        started = time.monotonic()
+        tokens = StreamedTokens()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        future: asyncio.Future | None = None
+        try:
+            await response.prepare(request)
+            async with self._model_update_lock.reader_lock:
+                loop = asyncio.get_running_loop()
+
+                def on_token(req: Request, token: int, logprob: float) -> None:  # scheduler thread
+                    loop.call_soon_threadsafe(lambda: tokens.add(req, token, logprob, self.weight_version))
+
+                future = self._run(item, on_token)
+                future.add_done_callback(lambda _: tokens.finish(self.weight_version))
+                sent = 0
+                incremental = self.args.incremental_streaming_output
+                while not future.done():
+                    await tokens.changed.wait()
+                    tokens.changed.clear()
+                    if future.done() or len(tokens.ids) == sent:
+                        continue
+                    chunk = stream_chunk(tokens.req, tokens.ids, tokens.logprobs, tokens.version, started,
+                                         self.tokenizer, start=sent if incremental else 0)
+                    sent = len(tokens.ids)
+                    await response.write(sse_event(chunk))
+                finished = future.result()
+            await response.write(sse_event(generate_output(finished, tokens.version, started, self.tokenizer,
+                                                           segments=self.args.weight_version_segments,
+                                                           start=sent if incremental else 0)))
+            await response.write(b"data: [DONE]\n\n")
+        except (asyncio.CancelledError, ConnectionResetError) as gone:
+            # The client went away: stop spending compute on its request, as SGLang does.
+            if future is not None and not future.done():
+                self.scheduler.call(lambda: self.scheduler.abort(item.rid))
+            if isinstance(gone, asyncio.CancelledError):
+                raise
+        return response
+
+    def _run(self, item: GenerateItem, on_token: Any = None) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
         def on_finish(req: Request) -> None:  # scheduler thread
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(req))
 
-        self.scheduler.submit(Request(item.rid, item.input_ids, item.params, item.return_logprob, on_finish))
+        self.scheduler.submit(Request(item.rid, item.input_ids, item.params, item.return_logprob, on_finish,
+                                      on_token=on_token))
         return future
 
     # ---- health and discovery -----------------------------------------------------------
@@ -240,6 +292,11 @@ class EngineServer:
                 "max_total_num_tokens": self.args.max_total_tokens,
                 "context_length": self.runner.context_len,
                 "weight_version": self.weight_version,
+                # How its streams relate tokens to chunks (SGLang's server args of the same names):
+                # a chunk per token, each built as its token is sampled (no overlapped step).
+                "stream_interval": 1,
+                "disable_overlap_schedule": True,
+                "incremental_streaming_output": self.args.incremental_streaming_output,
                 "engine": "cpu",
                 "memory_occupation": self.memory.describe(),
                 "instance_id": self.instance_id,
