@@ -20,6 +20,7 @@ from actors.rollout.config import RolloutConfig
 from actors.router.config import RouterConfig
 from actors.trainer.config import TrainerConfig
 from policies.loss_spec import LossSpec
+from policies.requirements import needs_reference
 from slime_async.config.loader import Schema, load_config
 from slime_async.config.sections import CheckpointConfig, ClusterConfig
 
@@ -124,8 +125,6 @@ class RunConfig:
     def resolve(self) -> RunConfig:
         """The finished config: each value derived from other flags, computed here once, after
         ``validate``. Idempotent, so a resolved config (the run's config.yaml) loads back to itself."""
-        from actors.loop.batching import needs_reference  # imports torch: not for `--help`
-
         train = self.train
         # The bound the buffer enforces: sync 0, one-step-off 1, fully-async the flag (None: unbounded).
         # Without training the policy never changes: only capacity paces a rollout-only run.

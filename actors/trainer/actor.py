@@ -33,6 +33,7 @@ from actors.trainer.config import TrainerConfig
 from actors.trainer.dp_split import split_across_dp, split_into_global_batches
 from actors.trainer.protocol import RankInfo, SampleLogprobs, WeightGroupSpec
 from policies.loss_spec import LossSpec
+from policies.requirements import needs_old_logprobs
 from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
 from slime_async.child_env import PACKAGES_ROOT, child_pythonpath
 from slime_async.batch import Batch
@@ -92,12 +93,6 @@ def _op_args(per_rank: Sequence[tuple] | None) -> dict[str, Any]:
     peers hold the same shard object)."""
     shards = {id(args[0]): len(args[0]) for args in per_rank or () if args and isinstance(args[0], Batch)}
     return {"samples": sum(shards.values())} if shards else {}
-
-
-def needs_old_logprobs(spec: LossSpec) -> bool:
-    """Whether several optimizer steps on one rollout need a recomputed π_old: the policy losses,
-    unless --use-rollout-logprobs takes the engine's logprobs (μ) as π_old."""
-    return spec.loss_type == "policy_loss" and not spec.use_rollout_logprobs
 
 
 # Metrics of a rollout's optimizer steps that are not averaged: counters add up, the step is the last.
