@@ -15,10 +15,10 @@ from actors.buffer import BufferConfig, default_capacity
 from actors.critic.config import CriticConfig, check_run as check_critic_run
 from actors.engine.config import RUNTIME_OWNED_SGLANG_FIELDS, EngineConfig
 from actors.loop.config import LoopConfig
+from actors.megatron.config import TrainerConfig
 from actors.monitor import MonitorConfig
 from actors.rollout.config import RolloutConfig
 from actors.router.config import RouterConfig
-from actors.trainer.config import TrainerConfig
 from policies.loss_spec import LossSpec
 from policies.requirements import needs_reference
 from slime_async.config.loader import Schema, load_config
@@ -159,8 +159,8 @@ _MODE_STALENESS = {"sync": 0, "one-step-off": 1}
 
 
 def _megatron_extra() -> tuple[type, ...]:
-    from actors.trainer.model_flags import MegatronLMModelFlags
-    from actors.trainer.optimizer import ScheduleConfig
+    from actors.megatron.model_flags import MegatronLMModelFlags
+    from actors.megatron.optimizer import ScheduleConfig
 
     return ScheduleConfig, MegatronLMModelFlags
 

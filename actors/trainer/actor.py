@@ -28,10 +28,11 @@ from typing import Any
 import psutil
 import torch
 
+from actors.megatron.config import TrainerConfig
+from actors.megatron.dp_split import split_across_dp, split_into_global_batches
+from actors.megatron.protocol import RankInfo
 from actors.trainer import worker
-from actors.trainer.config import TrainerConfig
-from actors.trainer.dp_split import split_across_dp, split_into_global_batches
-from actors.trainer.protocol import RankInfo, SampleLogprobs, WeightGroupSpec
+from actors.trainer.protocol import SampleLogprobs, WeightGroupSpec
 from policies.loss_spec import LossSpec
 from policies.requirements import needs_old_logprobs
 from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
@@ -199,12 +200,11 @@ class TrainerActor(Actor):
             # The critic's group never shares the policy's rendezvous port.
             *self._rendezvous(config, critic, node_rank, (None if critic else rendezvous_port or config.master_port)
                               or free_port(self.nodes[0].address)),
-            "-m", "actors.trainer.worker",
+            "-m", "actors.critic.worker" if critic else "actors.trainer.worker",
             "--rpc-init-method", f"tcp://{self.nodes[0].address}:{rpc_port}",
             "--rpc-world-size", str(self._rpc_world_size),
             "--config-json", str(config_path),
             "--rpc-timeout", str(config.trainer_start_timeout),
-            "--role", role,
             # RPC rank 0 is the supervisor, then the policy's ranks, then the critic's.
             "--rpc-rank-offset", str(1 + (self.num_ranks if critic else 0)),
         ]

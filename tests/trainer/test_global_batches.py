@@ -2,8 +2,8 @@
 
 import pytest
 
+from actors.megatron.dp_split import split_into_global_batches
 from actors.trainer.actor import mean_step_metrics
-from actors.trainer.dp_split import split_into_global_batches
 
 
 def test_a_rollout_splits_into_consecutive_global_batches_in_order():

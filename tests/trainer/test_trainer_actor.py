@@ -27,8 +27,9 @@ from safetensors.torch import load_file
 
 from actors.loop.weight_group import EngineSetGroup, engine_identity, send_weights
 from actors.loop.weight_sync import update_engine_weights
+from actors.megatron.protocol import TrainerOpError
 from actors.trainer.actor import TrainerRankDied
-from actors.trainer.protocol import TrainerOpError, WeightGroupSpec
+from actors.trainer.protocol import WeightGroupSpec
 from slime_async.actor import ActorFailed
 from slime_async.engine_client import EngineClient
 from worker_fixtures import (
