@@ -27,8 +27,8 @@ def prepare(work: Path, model: str | None) -> tuple[str, Path]:
                    check=True, capture_output=True)
     if model is None:
         model = str(work / "model")
-        subprocess.run([sys.executable, "-m", "actors.loop.cli", "init-tiny-model", "--out", model, "--seed", "0"],
-                       check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "examples.models.tiny", "--out", model, "--seed", "0"],
+                       check=True, capture_output=True, cwd=REPO)
     return model, data
 
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from actors.engine.cpu.local import start_local_engine, stop_local_engine
 from slime_async.engine_client import EngineClient
-from slime_async.pretrained import hf_checkpoint
+from examples.models.pretrained import hf_checkpoint
 from slime_async.weights.tensor_ipc import serialize_named_tensors
 
 BUCKET_BYTES = 64 << 20

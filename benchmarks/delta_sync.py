@@ -1,6 +1,6 @@
 """Delta weight sync on a real model: bytes on the wire, and end-to-end sync time at a throttled link.
 
-SmolLM2-135M-Instruct (slime_async/pretrained.py) is trained on CPU the way a real run keeps its
+SmolLM2-135M-Instruct (examples/models/pretrained.py) is trained on CPU the way a real run keeps its
 weights: fp32 master weights and AdamW (betas 0.9/0.98, weight decay 0.1, slime's GRPO settings)
 at an RL learning rate (--lr, default 1e-6), and every version is exported in the engine's dtype
 (--dtype, default bf16, the model's published dtype). The loss is the LM loss on a few chat
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the per-sync delta compares the last two)")
     torch.set_num_threads(args.threads)
-    from slime_async.pretrained import hf_checkpoint
+    from examples.models.pretrained import hf_checkpoint
 
     model_dir = hf_checkpoint(dtype="float32")
     dtype = getattr(torch, args.dtype)

@@ -140,7 +140,7 @@ async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="engine_throughput_") as tmp:
         url = args.url
         if url is None:
-            from slime_async.tiny_model import build_tiny_model
+            from examples.models.tiny import build_tiny_model
 
             model_dir = Path(args.model_path) if args.model_path else build_tiny_model(Path(tmp) / "model")
             if vocab is None and args.model_path:

@@ -44,7 +44,7 @@ from slime_async.actor import ActorRef, spawn  # noqa: E402
 from slime_async.engine_client import EngineClient, EngineError  # noqa: E402
 from slime_async.process import ProcessChild, ProcessSpec, http_ready  # noqa: E402
 from slime_async.net import free_port  # noqa: E402
-from slime_async.tiny_model import build_tiny_model  # noqa: E402
+from examples.models.tiny import build_tiny_model  # noqa: E402
 
 POLICIES = ("sticky", "consistent_hash", "least_loaded", "round_robin")
 SCENARIOS = ("uniform", "hot")

@@ -212,7 +212,7 @@ def make_warm_start(work: Path, sft_steps: int) -> tuple[Path, Path]:
     ours.write_text("")
     env = child_env(None)
     print(f"warm start: tiny model, task data and {sft_steps} SFT steps in {work}", flush=True)
-    _check(_cli("init-tiny-model", "--out", str(work / "base"), "--arch", "qwen2", "--seed", "0"),
+    _check([sys.executable, "-m", "examples.models.tiny", "--out", str(work / "base"), "--arch", "qwen2", "--seed", "0"],
            work / "init.log", env)
     _check([sys.executable, str(QUICKSTART / "make_task.py"), "--out", str(data)], work / "data.log", env)
     if sft_steps:

@@ -72,7 +72,7 @@ def main() -> None:
     if args.url:
         asyncio.run(measure(args.url, args))
         return
-    from slime_async.tiny_model import build_tiny_model
+    from examples.models.tiny import build_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="stream-overhead-"))
     model = build_tiny_model(work / "model", arch="qwen2", seed=0)

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 out=${OUT:-runs/trace_timelines}
 rm -rf "$out"
-slime-async init-tiny-model --out "$out/base" --arch qwen2 --seed 0
+python -m examples.models.tiny --out "$out/base" --arch qwen2 --seed 0
 python examples/quickstart/make_task.py --out "$out/data"
 for mode in sync fully-async; do
   staleness=$([ "$mode" = sync ] && echo "" || echo "--max-staleness 2")

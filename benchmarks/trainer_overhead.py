@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from actors.megatron.config import TrainerConfig  # noqa: E402
 from actors.trainer.actor import TrainerActor  # noqa: E402
-from actors.trainer.config import TrainerConfig  # noqa: E402
 from policies.loss_spec import LossSpec  # noqa: E402
 from slime_async.actor import spawn  # noqa: E402
 from slime_async.batch import Batch  # noqa: E402

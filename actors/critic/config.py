@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from slime_async.config.flags import field_help as _help
 
 if TYPE_CHECKING:
-    from actors.trainer.config import TrainerConfig
+    from actors.megatron.config import TrainerConfig
 
 
 @dataclass

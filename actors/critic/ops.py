@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from megatron.core import dist_checkpointing, parallel_state
 
-from actors.trainer.bridge import unwrap_model
-from actors.trainer.config import TrainerConfig
-from actors.trainer.rank import MegatronRank, response_tensors
+from actors.megatron.bridge import unwrap_model
+from actors.megatron.config import TrainerConfig
+from actors.megatron.rank import MegatronRank, response_tensors
 from policies.value_loss import clipped_value_loss
 from slime_async.batch import Batch
 

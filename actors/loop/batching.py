@@ -10,6 +10,7 @@ from policies.advantages import compute_advantages
 from policies.gae import ppo_advantages
 from policies.kl import kl_estimate
 from policies.loss_spec import LossSpec
+from policies.requirements import needs_old_for_advantages, needs_reference
 from policies.staleness import offpolicy_token_mask, staleness
 from slime_async.actor import ActorRef
 from slime_async.batch import Batch, batch_from_samples
@@ -88,17 +89,6 @@ def build_train_batch(
         batch.returns = [returns[i, : s.response_length].tolist() for i, s in enumerate(samples)]
     batch.check()
     return batch, staleness_metrics(samples, train_version, batch.loss_masks) | trajectory_metrics(samples)
-
-
-def needs_reference(spec: LossSpec) -> bool:
-    """Whether the loss or the advantages use the frozen reference model's logprobs."""
-    return spec.use_kl_loss or spec.kl_coef > 0
-
-
-def needs_old_for_advantages(spec: LossSpec) -> bool:
-    """Whether the advantages need π_old before training: the REINFORCE++ KL reward penalty."""
-    return (spec.kl_coef > 0 and not spec.use_rollout_logprobs
-            and spec.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"))
 
 
 async def trainer_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]], temperature: float,

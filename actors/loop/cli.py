@@ -1,7 +1,7 @@
 """The ``slime-async`` command.
 
-``train`` runs the RL job; ``serve-engine``, ``router``, ``sandbox-server``, ``convert`` and
-``init-tiny-model`` hand their arguments to the module that owns them, so each keeps its own ``--help``.
+``train`` runs the RL job; ``serve-engine``, ``router``, ``sandbox-server``, ``convert`` and ``agent``
+hand their arguments to the module that owns them, so each keeps its own ``--help``.
 """
 
 from __future__ import annotations
@@ -31,12 +31,6 @@ def _serve_engine(argv: list[str]) -> int:
 
 def _convert(argv: list[str]) -> int:
     from actors.trainer.convert import main
-
-    return main(argv)
-
-
-def _init_tiny_model(argv: list[str]) -> int:
-    from slime_async.tiny_model import main
 
     return main(argv)
 
@@ -85,7 +79,6 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "sandbox-server": (_sandbox_server, "serve a sandbox for model-written code (POST /run) on this machine"),
     "convert": (_convert, "convert checkpoints: hf-to-megatron, megatron-to-hf"),
     "agent": (_agent, "run process children on this node for a head on another (multi-node runs: --head HOST:PORT)"),
-    "init-tiny-model": (_init_tiny_model, "write a random-init tiny HF model and a locally trained tokenizer"),
 }
 
 

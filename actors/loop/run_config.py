@@ -15,11 +15,12 @@ from actors.buffer import BufferConfig, default_capacity
 from actors.critic.config import CriticConfig, check_run as check_critic_run
 from actors.engine.config import RUNTIME_OWNED_SGLANG_FIELDS, EngineConfig
 from actors.loop.config import LoopConfig
+from actors.megatron.config import TrainerConfig
 from actors.monitor import MonitorConfig
 from actors.rollout.config import RolloutConfig
 from actors.router.config import RouterConfig
-from actors.trainer.config import TrainerConfig
 from policies.loss_spec import LossSpec
+from policies.requirements import needs_reference
 from slime_async.config.loader import Schema, load_config
 from slime_async.config.sections import CheckpointConfig, ClusterConfig
 from slime_async.quiesce import leaves_engine_idle
@@ -125,8 +126,6 @@ class RunConfig:
     def resolve(self) -> RunConfig:
         """The finished config: each value derived from other flags, computed here once, after
         ``validate``. Idempotent, so a resolved config (the run's config.yaml) loads back to itself."""
-        from actors.loop.batching import needs_reference  # imports torch: not for `--help`
-
         train = self.train
         # The bound the buffer enforces: sync 0, one-step-off 1, fully-async the flag (None: unbounded).
         # Without training the policy never changes: only capacity paces a rollout-only run.
@@ -165,8 +164,8 @@ _MODE_STALENESS = {"sync": 0, "one-step-off": 1}
 
 
 def _megatron_extra() -> tuple[type, ...]:
-    from actors.trainer.model_flags import MegatronLMModelFlags
-    from actors.trainer.optimizer import ScheduleConfig
+    from actors.megatron.model_flags import MegatronLMModelFlags
+    from actors.megatron.optimizer import ScheduleConfig
 
     return ScheduleConfig, MegatronLMModelFlags
 

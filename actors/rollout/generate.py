@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.router.completion import find_stop
 from slime_async.actor import ActorRef
 from slime_async.generate_output import GenerateOutput, parse_generate_output
 from slime_async.sample import Sample, Status, policy_version
+from slime_async.stop_strings import find_stop
 from slime_async.trace import TraceRecorder
 from slime_async.trajectory import to_samples
 

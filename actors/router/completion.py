@@ -2,8 +2,8 @@
 
 Engines only know stop token ids, so text ``stop`` strings are the front's job. With stop
 strings (or a streaming client) the completion is asked for in chunks of ``chunk_tokens``: after
-each chunk the decoded text is searched, and at a match the tokens are cut at the one that
-completes the stop string. A stop therefore costs at most one chunk of extra decoding instead of
+each chunk the decoded text is searched (`slime_async.stop_strings`), and at a match the tokens
+are cut at the one that completes the stop string. A stop therefore costs at most one chunk of extra decoding instead of
 the whole ``max_new_tokens`` budget, and it works the same on SGLang, the CPU engine and external
 engines. Each continuation resubmits prompt + tokens so far, which the engine's prefix cache
 serves without recomputing them.
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_async.generate_output import parse_generate_output
+from slime_async.stop_strings import DecodeFn, find_stop
 
 MAX_ABORTS = 64  # a completion aborted this often is not making progress
 
 SendFn = Callable[[list[int], dict[str, Any]], Awaitable[dict[str, Any]]]
-DecodeFn = Callable[[list[int]], str]
 
 
 class CompletionFailed(RuntimeError):
@@ -129,22 +129,6 @@ async def _notify(on_progress: ProgressFn | None, out: Completion, final: bool) 
         result = on_progress(out, final)
         if inspect.isawaitable(result):
             await result
-
-
-def find_stop(ids: list[int], decode: DecodeFn, stops: Sequence[str], first: int = 0) -> tuple[int, str] | None:
-    """``(k, stop)`` for the shortest ``ids[:k]`` (``k > first``) whose text contains a stop string.
-
-    Token ``k - 1`` completes the stop string: it is kept (it was generated and sampled with
-    its logprob), everything after it is dropped. Tokens before ``first`` held no stop string.
-    """
-    if not any(stop in decode(ids) for stop in stops):
-        return None
-    for k in range(first + 1, len(ids) + 1):
-        text = decode(ids[:k])
-        hits = [(text.find(stop), stop) for stop in stops if stop in text]
-        if hits:
-            return k, min(hits)[1]
-    return None
 
 
 def completion_text(completion: Completion, decode: Callable[[list[int]], str], no_stop_trim: bool) -> str:

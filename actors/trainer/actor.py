@@ -28,12 +28,14 @@ from typing import Any
 import psutil
 import torch
 
+from actors.megatron.config import TrainerConfig
+from actors.megatron.dp_split import split_across_dp, split_into_global_batches
+from actors.megatron.protocol import RankInfo
 from actors.trainer import worker
-from actors.trainer.config import TrainerConfig
-from actors.trainer.dp_split import split_across_dp, split_into_global_batches
-from actors.trainer.protocol import RankInfo, SampleLogprobs
+from actors.trainer.protocol import SampleLogprobs
 from slime_async.weights.protocol import WeightGroupSpec
 from policies.loss_spec import LossSpec
+from policies.requirements import needs_old_logprobs
 from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
 from slime_async.child_env import PACKAGES_ROOT, child_pythonpath
 from slime_async.batch import Batch
@@ -93,12 +95,6 @@ def _op_args(per_rank: Sequence[tuple] | None) -> dict[str, Any]:
     peers hold the same shard object)."""
     shards = {id(args[0]): len(args[0]) for args in per_rank or () if args and isinstance(args[0], Batch)}
     return {"samples": sum(shards.values())} if shards else {}
-
-
-def needs_old_logprobs(spec: LossSpec) -> bool:
-    """Whether several optimizer steps on one rollout need a recomputed π_old: the policy losses,
-    unless --use-rollout-logprobs takes the engine's logprobs (μ) as π_old."""
-    return spec.loss_type == "policy_loss" and not spec.use_rollout_logprobs
 
 
 # Metrics of a rollout's optimizer steps that are not averaged: counters add up, the step is the last.
@@ -205,12 +201,11 @@ class TrainerActor(Actor):
             # The critic's group never shares the policy's rendezvous port.
             *self._rendezvous(config, critic, node_rank, (None if critic else rendezvous_port or config.master_port)
                               or free_port(self.nodes[0].address)),
-            "-m", "actors.trainer.worker",
+            "-m", "actors.critic.worker" if critic else "actors.trainer.worker",
             "--rpc-init-method", f"tcp://{self.nodes[0].address}:{rpc_port}",
             "--rpc-world-size", str(self._rpc_world_size),
             "--config-json", str(config_path),
             "--rpc-timeout", str(config.trainer_start_timeout),
-            "--role", role,
             # RPC rank 0 is the supervisor, then the policy's ranks, then the critic's.
             "--rpc-rank-offset", str(1 + (self.num_ranks if critic else 0)),
         ]

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
-from actors.trainer.bridge import iter_hf_weight_buckets, unwrap_model
+from actors.megatron.bridge import iter_hf_weight_buckets, unwrap_model
 from slime_async.memory_stats import peak_rss_bytes
 from slime_async.weights.tensor_ipc import serialize_named_tensors
 

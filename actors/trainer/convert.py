@@ -69,9 +69,9 @@ def _worker_hf_to_megatron(hf_checkpoint: Path, save_dir: Path, tp: int) -> None
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
-    from actors.trainer.bridge import copy_hf_metadata
-    from actors.trainer.model import build_gpt_model
-    from actors.trainer.parallel import destroy_model_parallel, init_model_parallel
+    from actors.megatron.bridge import copy_hf_metadata
+    from actors.megatron.model import build_gpt_model
+    from actors.megatron.parallel import destroy_model_parallel, init_model_parallel
 
     init_model_parallel(tensor_parallel_size=tp)
     model = build_gpt_model(hf_checkpoint, {}, load_weights=True)
@@ -86,9 +86,9 @@ def _worker_hf_to_megatron(hf_checkpoint: Path, save_dir: Path, tp: int) -> None
 def _worker_megatron_to_hf(load_dir: Path, save_dir: Path, tp: int) -> None:
     from megatron.core import dist_checkpointing
 
-    from actors.trainer.bridge import save_hf_checkpoint
-    from actors.trainer.model import build_gpt_model
-    from actors.trainer.parallel import destroy_model_parallel, init_model_parallel
+    from actors.megatron.bridge import save_hf_checkpoint
+    from actors.megatron.model import build_gpt_model
+    from actors.megatron.parallel import destroy_model_parallel, init_model_parallel
 
     _check_megatron_dir(load_dir)
     hf_meta = load_dir / HF_METADATA_SUBDIR

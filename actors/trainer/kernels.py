@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from actors.trainer.varlen import AttentionImpl, describe_attention
+from actors.megatron.varlen import AttentionImpl, describe_attention
 
 LogprobImpl = Literal["auto", "full", "chunked"]
 

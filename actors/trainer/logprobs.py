@@ -19,20 +19,6 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
 
-def response_positions(
-    prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, max_response: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logit positions, valid mask), both ``[B, max_response]``.
-
-    Response token t of sample i sits at ``prompt_len_i + t`` and is predicted by the logits at
-    ``prompt_len_i + t - 1``. Padding entries point at position 0 and are masked invalid.
-    """
-    t = torch.arange(max_response, device=prompt_lengths.device)
-    valid = t[None, :] < response_lengths[:, None]
-    positions = torch.where(valid, prompt_lengths[:, None] - 1 + t[None, :], torch.zeros_like(t)[None, :])
-    return positions, valid
-
-
 def vocab_parallel_logprobs(
     logits: torch.Tensor,
     targets: torch.Tensor,

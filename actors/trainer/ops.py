@@ -22,15 +22,15 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from actors.trainer.bridge import hf_vocab_size_of, load_hf_weights, save_hf_checkpoint, unwrap_model
+from actors.megatron.bridge import hf_vocab_size_of, load_hf_weights, save_hf_checkpoint, unwrap_model
+from actors.megatron.config import TrainerConfig
+from actors.megatron.rank import MegatronRank, all_finite, all_ranks_agree, response_tensors
 from actors.trainer.colocate import ColocatedRank
-from actors.trainer.config import TrainerConfig
 from actors.trainer.fused_logprobs import head_weight, response_token_stats, return_hidden_states
 from actors.trainer.kernels import resolve_kernels
 from actors.trainer.logprobs import vocab_parallel_logprobs
 from actors.trainer.protocol import SampleLogprobs
 from slime_async.weights.protocol import TensorMeta, WeightGroupSpec
-from actors.trainer.rank import MegatronRank, all_finite, all_ranks_agree, response_tensors
 from actors.trainer.weight_sync import WeightBroadcaster
 from policies.loss_spec import LossSpec
 from policies.objective import compute_objective

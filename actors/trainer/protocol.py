@@ -1,4 +1,6 @@
-"""Types that cross the RPC boundary between the supervisor and the trainer ranks.
+"""Types that cross the RPC boundary between the supervisor and the policy's ranks: logprobs (what
+every Megatron rank answers is in `actors.megatron.protocol`, the weight sync's in
+`slime_async.weights.protocol`).
 
 Kept free of Megatron imports: the supervisor unpickles these without loading megatron-core.
 """
@@ -8,32 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
-class RankInfo:
-    rank: int
-    world_size: int
-    pid: int
-    dp_rank: int
-    dp_size: int
-    tp_rank: int
-    tp_size: int
-    pp_rank: int
-    pp_size: int
-    node_ip: str = ""  # the address of the rank's node ($SLIME_NODE_IP; "" on a one-node run)
-
-    @property
-    def reports(self) -> bool:
-        """Whether this rank answers for its DP shard (TP rank 0 of the last pipeline stage)."""
-        return self.tp_rank == 0 and self.pp_rank == self.pp_size - 1
-
-
 @dataclass
 class SampleLogprobs:
     """Per response token of one sample: log p at the batch temperature, and entropy."""
 
     logprobs: list[float]
     entropy: list[float]
-
-
-class TrainerOpError(RuntimeError):
-    """An operation raised on a trainer rank; the message holds the rank and the traceback."""

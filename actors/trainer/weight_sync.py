@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from actors.trainer.bridge import iter_hf_weight_buckets
+from actors.megatron.bridge import iter_hf_weight_buckets
 from slime_async.weights.protocol import TensorMeta, WeightGroupSpec
 from slime_async.weights.flat_bucket import flatten
 from slime_async.weights.process_group import (DEFAULT_TIMEOUT, destroy_custom_process_group, init_custom_process_group,

@@ -60,7 +60,7 @@ run)
     mkdir -p $(dirname $GGUF) && cat /tmp/gguf/* .gpu-model/b/gguf.part* > $GGUF
   fi
   (cd $(dirname $GGUF) && echo "$(cut -d' ' -f1 $OLDPWD/.gpu-model/b/sha256)  $(basename $GGUF)" | sha256sum -c) || exit 5
-  MODEL=$(python3 -c "from slime_async.pretrained import hf_checkpoint; print(hf_checkpoint(dtype='bfloat16'))" | tail -1)
+  MODEL=$(python3 -c "from examples.models.pretrained import hf_checkpoint; print(hf_checkpoint(dtype='bfloat16'))" | tail -1)
   mkdir -p $WORK
   python3 examples/agentic/code_interpreter/make_task.py --out $WORK/ci-data --chat-tokenizer "$MODEL" | tail -2 || exit 6
   python3 examples/agentic/search/prepare.py --out $WORK/search-data --chat-tokenizer "$MODEL" | tail -2 || exit 6

@@ -298,7 +298,7 @@ def tiny_setup(work: Path) -> tuple[str, str, Any]:
     base, data = work / "base", work / "data"
     subprocess.run([sys.executable, str(REPO / "examples/quickstart/make_task.py"), "--out", str(data),
                     "--heldout", "8"], check=True, capture_output=True)
-    subprocess.run([sys.executable, "-m", "actors.loop.cli", "init-tiny-model", "--out", str(base), "--seed", "0"],
+    subprocess.run([sys.executable, "-m", "examples.models.tiny", "--out", str(base), "--seed", "0"],
                    check=True, capture_output=True, cwd=REPO)
     process, url = start_local_engine(base, work / "engine.log", "--max-running-requests", "32",
                                       "--num-threads", "1")

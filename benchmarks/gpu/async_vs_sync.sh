@@ -35,7 +35,7 @@ prep)
   [ -d /tmp/b1 ] || { echo "b1 is missing: run stage-b1 first (the host went cold between the calls)"; exit 4; }
   pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl .gpu-wheels/b6/*.whl
   python3 -c "import sglang; print('sglang', sglang.__version__)" || exit 3
-  python3 -c "from slime_async.tiny_model import build_tiny_model as b; b('$W/base', vocab_size=512, \
+  python3 -c "from examples.models.tiny import build_tiny_model as b; b('$W/base', vocab_size=512, \
 hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, \
 max_position_embeddings=10240, tie_word_embeddings=True)" 2>&1 | tail -1
   python3 examples/quickstart/make_task.py --out $W/data | tail -1

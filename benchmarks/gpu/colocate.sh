@@ -25,7 +25,7 @@ source benchmarks/gpu/common.sh
 export SLIME_ASYNC_CACHE=/tmp/cache
 
 prepare_shape() {  # the Qwen2.5-0.5B-shaped random model and the task data of rl_sync_sglang.toml
-  python3 -c "from slime_async.tiny_model import build_tiny_model as b; b('/tmp/rl/base', vocab_size=512, \
+  python3 -c "from examples.models.tiny import build_tiny_model as b; b('/tmp/rl/base', vocab_size=512, \
 hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, \
 max_position_embeddings=4096, tie_word_embeddings=True)" 2>&1 | tail -1
   python3 examples/quickstart/make_task.py --out /tmp/rl/data | tail -1

@@ -78,7 +78,7 @@ w(Path('/tmp/m05'), 'qwen2.5-0.5b', norm_scale=10.0)" 2>&1 | tail -1
 rl)  # after stage-b1 (carry .gpu-wheels/b2): the whole loop on GPU, see rl_sync_sglang.toml
   [ -d /tmp/b1 ] || { echo "b1 is missing: the host went cold between the phases"; exit 4; }
   pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl .gpu-wheels/b6/*.whl
-  python3 -c "from slime_async.tiny_model import build_tiny_model as b; b('/tmp/rl/base', vocab_size=512, \
+  python3 -c "from examples.models.tiny import build_tiny_model as b; b('/tmp/rl/base', vocab_size=512, \
 hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, \
 max_position_embeddings=4096, tie_word_embeddings=True)" 2>&1 | tail -1
   python3 examples/quickstart/make_task.py --out /tmp/rl/data | tail -1

@@ -63,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     init_single_rank_env()
 
-    from actors.trainer.config import TrainerConfig
+    from actors.megatron.config import TrainerConfig
     from actors.trainer.ops import TrainerOps
 
     ops = TrainerOps(TrainerConfig(hf_checkpoint=args.model_dir, max_tokens_per_gpu=16384).validate())

@@ -93,8 +93,8 @@ def attention_table(config_hf, tokens: int, steps: int) -> None:
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from actors.trainer.attention import SDPAttention
-    from actors.trainer.varlen import describe_attention
+    from actors.megatron.attention import SDPAttention
+    from actors.megatron.varlen import describe_attention
 
     heads, groups = config_hf.num_attention_heads, config_hf.num_key_value_heads
     head_dim = config_hf.hidden_size // heads
@@ -222,7 +222,7 @@ def main() -> None:
     args = parser.parse_args()
     init_single_rank_env()
 
-    from actors.trainer.config import TrainerConfig
+    from actors.megatron.config import TrainerConfig
     from actors.trainer.ops import TrainerOps
     from policies.loss_spec import LossSpec
 

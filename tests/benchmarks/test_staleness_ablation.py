@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.trainer.config import TrainerConfig
+from actors.megatron.config import TrainerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("staleness_ablation", REPO / "benchmarks" / "staleness_ablation.py")

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from process_tree import DescendantTracker
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

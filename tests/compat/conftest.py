@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from slime_async.tiny_model import train_tokenizer
+from examples.models.tiny import train_tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))  # slime_style_plugin is imported as a top-level module
 

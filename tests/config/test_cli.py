@@ -77,14 +77,13 @@ def test_train_help_all_lists_every_flag_megatron_included_without_warnings():
 def test_top_level_help_lists_the_commands_and_points_to_help_all():
     result = run_cli("--help", importtime=True)
     assert result.returncode == 0
-    for word in ("train", "serve-engine", "router", "sandbox-server", "convert", "agent", "init-tiny-model",
-                 "--help-all"):
+    for word in ("train", "serve-engine", "router", "sandbox-server", "convert", "agent", "--help-all"):
         assert word in result.stdout, word
     assert not imported_packages(result.stderr) & HEAVY
     assert other_stderr(result.stderr) == []
 
 
-@pytest.mark.parametrize("command", ["serve-engine", "router", "sandbox-server", "convert", "agent", "init-tiny-model"])
+@pytest.mark.parametrize("command", ["serve-engine", "router", "sandbox-server", "convert", "agent"])
 def test_every_command_answers_help_without_the_heavy_imports(command):
     result = run_cli(command, "--help", importtime=True)
     assert result.returncode == 0, other_stderr(result.stderr)

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from actors.trainer.config import TrainerConfig
+from actors.megatron.config import TrainerConfig
 
 from actors.loop.cli import COMMANDS
 from actors.loop.run_config import parse_run_config

@@ -7,7 +7,7 @@ import pytest
 from actors.loop.cli import COMMANDS
 
 from actors.critic.config import CriticConfig, critic_trainer_config
-from actors.trainer.config import TrainerConfig
+from actors.megatron.config import TrainerConfig
 from slime_async.config.flags import ConfigError
 from actors.loop.run_config import parse_run_config
 

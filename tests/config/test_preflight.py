@@ -21,7 +21,7 @@ from actors.loop.cli import COMMANDS
 from slime_async.config.flags import ConfigError
 from slime_async.config.loader import preflight
 from actors.loop.run_config import parse_run_config
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 

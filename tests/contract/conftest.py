@@ -58,7 +58,7 @@ def engine_under_test(tmp_path_factory: pytest.TempPathFactory) -> EngineUnderTe
                               "external", atol, trainer_env)
         return
 
-    from slime_async.tiny_model import build_tiny_model
+    from examples.models.tiny import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model")
     log_path = tmp_path_factory.mktemp("cpu_engine") / "engine.log"
@@ -131,7 +131,7 @@ def mismatched_model_dir(engine_under_test: EngineUnderTest, tmp_path_factory: p
     """A checkpoint whose tensors have other shapes than the served model's."""
     if engine_under_test.kind != "cpu":
         pytest.skip("needs a model of the served architecture with other shapes; only built for the CPU engine")
-    from slime_async.tiny_model import build_tiny_model
+    from examples.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("mismatched") / "model", hidden_size=32,
                             intermediate_size=64, num_layers=1)

@@ -182,7 +182,7 @@ def test_python_example_compiles(example):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from slime_async.tiny_model import train_tokenizer
+    from examples.models.tiny import train_tokenizer
 
     return train_tokenizer(vocab_size=512, seed=0)  # the tiny model's tokenizer, with its chat template
 

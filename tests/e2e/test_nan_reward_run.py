@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 from train_process import train
 
 REWARD_MODULE = textwrap.dedent('''

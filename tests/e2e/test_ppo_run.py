@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 from train_process import train
 
 pytestmark = pytest.mark.slow

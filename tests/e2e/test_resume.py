@@ -21,7 +21,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from actors.rollout.data import PromptDataset
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
 from process_tree import DescendantTracker  # noqa: E402 - the chaos suite's tracker, shared

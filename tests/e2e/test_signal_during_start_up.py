@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 from tests.runtime.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 from train_process import train
 
 PLUGIN_DIR = Path(__file__).parents[1] / "compat"

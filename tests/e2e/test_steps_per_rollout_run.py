@@ -18,7 +18,7 @@ import textwrap
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 from train_process import train
 
 pytestmark = pytest.mark.slow

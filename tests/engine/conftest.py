@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from actors.engine.cpu.local import start_local_engine, stop_local_engine
 from slime_async.process import log_tail
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 
 START_TIMEOUT_S = 120.0
 

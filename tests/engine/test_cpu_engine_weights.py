@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from slime_async.net import free_port
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [5, 6, 7, 8, 9]

@@ -92,7 +92,7 @@ def test_make_task_writes_disjoint_splits_sft_traces_and_a_corpus(tmp_path):
 
 
 def test_make_task_writes_chat_prompts_for_a_tokenizer_with_a_chat_template(tmp_path):
-    from slime_async.tiny_model import build_tiny_model
+    from examples.models.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", vocab_size=320)
     assert make_task.main(["--out", str(tmp_path / "data"), "--train", "3", "--heldout", "2",

@@ -6,7 +6,7 @@ import json
 import random
 
 from examples.agentic.multi_agent import agent, prepare, task
-from slime_async.tiny_model import train_tokenizer
+from examples.models.tiny import train_tokenizer
 
 
 def test_corrupt_changes_exactly_one_digit():
@@ -50,7 +50,7 @@ def test_role_prompts_in_plain_text_and_through_a_chatml_template():
 
 
 def test_chat_traces_end_each_model_turn_with_the_templates_end_token(tmp_path):
-    from slime_async.tiny_model import build_tiny_model
+    from examples.models.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", seed=0)
     prepare.main(["--out", str(tmp_path / "data"), "--train", "4", "--heldout", "1", "--chat-tokenizer", str(model)])

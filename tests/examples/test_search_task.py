@@ -136,7 +136,7 @@ def test_prepare_refuses_an_evidence_credit_worth_as_much_as_the_answer(tmp_path
 
 
 def test_prepare_writes_chat_messages_for_a_tokenizer_with_a_chat_template(tmp_path):
-    from slime_async.tiny_model import build_tiny_model
+    from examples.models.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", seed=0)
     out = tmp_path / "data"

@@ -19,7 +19,7 @@ from actors.router import RouterActor, RouterConfig
 from actors.router.text_model import TextModel
 from slime_async.actor import ActorRef, spawn
 from slime_async.net import free_port
-from slime_async.tiny_model import TOOL_CHAT_TEMPLATE, build_tiny_model, set_chat_template
+from examples.models.tiny import TOOL_CHAT_TEMPLATE, build_tiny_model, set_chat_template
 
 ADD_TOOL = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",

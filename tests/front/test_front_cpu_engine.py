@@ -10,8 +10,8 @@ import aiohttp
 import openai
 import pytest
 
-from actors.router.completion import find_stop
 from slime_async.engine_client import EngineClient
+from slime_async.stop_strings import find_stop
 from tests.front.conftest import ADD_TOOL
 
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -1,9 +1,9 @@
 """Contract tests of the HTTP front's pure parts, against hand-written expected values:
-tool-call parsing, OpenAI and SGLang request parsing, text stop strings, stream deltas."""
+tool-call parsing, OpenAI and SGLang request parsing, stop-string trimming, stream deltas."""
 
 import pytest
 
-from actors.router.completion import Completion, TextStream, completion_text, find_stop
+from actors.router.completion import Completion, TextStream, completion_text
 from actors.router.native_protocol import NativeError, parse_generate
 from actors.router.openai_protocol import OpenAIError, parse_chat, parse_completions
 from actors.router.tool_calls import MessageError, ToolCall, choose_parser, parse_tool_calls, template_messages
@@ -159,25 +159,6 @@ VOCAB = {1: "The", 2: " ans", 3: "wer", 4: " </", 5: "sea", 6: "rch>", 7: " x", 
 
 def decode(ids):
     return "".join(VOCAB[i] for i in ids)
-
-
-def test_the_token_that_completes_a_stop_string_is_the_last_one_kept():
-    # " </" + "sea" + "rch>" completes " </search>" at the sixth token; " x" after it is dropped.
-    assert find_stop([1, 2, 3, 4, 5, 6, 7], decode, ["</search>"]) == (6, "</search>")
-
-
-def test_a_stop_string_completed_inside_a_token_keeps_that_token():
-    assert find_stop([4, 5, 8], decode, ["</search>"]) == (3, "</search>")
-
-
-def test_a_stop_string_straddling_a_chunk_boundary_is_found_from_the_new_chunk():
-    # Chunk 1 was ids[:5] (" </sea", no stop); chunk 2 brings "rch>".
-    assert find_stop([1, 2, 3, 4, 5, 6], decode, ["</search>"], first=5) == (6, "</search>")
-    assert find_stop([1, 2, 3], decode, ["</search>"]) is None
-
-
-def test_the_earliest_stop_string_wins():
-    assert find_stop([1, 2, 3, 4, 5, 6], decode, ["</search>", "answer"]) == (3, "answer")
 
 
 def test_text_is_trimmed_at_the_stop_string_unless_no_stop_trim():

@@ -11,7 +11,7 @@ One sample, reward R = 1, three response tokens, kl_coef 1, γ = 1:
 import pytest
 import torch
 
-from actors.loop.batching import build_train_batch, needs_old_for_advantages
+from actors.loop.batching import build_train_batch
 from policies.loss_spec import LossSpec
 from slime_async.sample import Sample, Status
 
@@ -54,14 +54,6 @@ def test_use_rollout_logprobs_takes_the_penalty_on_mu_instead():
 def test_the_penalty_without_pi_old_is_refused():
     with pytest.raises(ValueError, match="kl-coef"):
         advantages(SPEC, old=None)
-
-
-def test_pi_old_is_fetched_for_the_advantages_only_when_the_penalty_needs_it():
-    assert needs_old_for_advantages(SPEC)
-    assert not needs_old_for_advantages(LossSpec(advantage_estimator="reinforce_plus_plus"))
-    assert not needs_old_for_advantages(LossSpec(kl_coef=1.0))  # GRPO ignores the penalty
-    assert not needs_old_for_advantages(LossSpec(advantage_estimator="reinforce_plus_plus", kl_coef=1.0,
-                                                 use_rollout_logprobs=True))
 
 
 def test_pi_old_travels_in_the_batch():

@@ -9,7 +9,7 @@ One sample, reward R = 1, three response tokens, critic values V = [0.5, 0.2, 0.
 import pytest
 import torch
 
-from actors.loop.batching import build_train_batch, needs_old_for_advantages
+from actors.loop.batching import build_train_batch
 from policies.loss_spec import LossSpec
 from slime_async.sample import Sample, Status
 
@@ -60,7 +60,3 @@ def test_lambda_reaches_gae():
 def test_ppo_without_values_is_refused():
     with pytest.raises(ValueError, match="critic's values"):
         build_train_batch([[sample()]], LossSpec(advantage_estimator="ppo"), train_version=0, temperature=1.0)
-
-
-def test_the_kl_penalty_of_ppo_needs_pi_old():
-    assert needs_old_for_advantages(SPEC)

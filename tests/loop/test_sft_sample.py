@@ -5,7 +5,7 @@ import pytest
 
 from actors.loop.sft import sft_sample
 from actors.rollout.data import Prompt
-from slime_async.tiny_model import train_tokenizer
+from examples.models.tiny import train_tokenizer
 
 
 @pytest.fixture(scope="module")

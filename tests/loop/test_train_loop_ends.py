@@ -21,7 +21,7 @@ from actors.rollout.actor import RolloutActor
 from actors.rollout.config import RolloutConfig
 from actors.rollout.data import Prompt
 from slime_async.actor import Actor, spawn
-from slime_async.tiny_model import train_tokenizer
+from examples.models.tiny import train_tokenizer
 
 TOKENIZER = train_tokenizer(512, 0)
 

@@ -17,7 +17,7 @@ from actors.loop.cli import main
 from actors.loop.launch import with_outcome
 from actors.monitor import MonitorActor, MonitorConfig
 from slime_async.actor import ActorFailed, spawn
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 from tests.monitor.wandb_records import history, run_config, run_files, the_record
 
 pytestmark = pytest.mark.timeout(120)

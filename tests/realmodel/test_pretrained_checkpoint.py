@@ -1,4 +1,4 @@
-"""The converted SmolLM2 checkpoint as users get it from slime_async.pretrained."""
+"""The converted SmolLM2 checkpoint as users get it from examples.models.pretrained."""
 
 import json
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from actors.router import RouterActor, RouterConfig
 from slime_async.actor import ActorRef, spawn
 from slime_async.net import free_port
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 
 
 @dataclass

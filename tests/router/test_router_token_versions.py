@@ -23,7 +23,7 @@ from actors.router import RouterActor, RouterConfig
 from actors.router.engine_state import reported_version_lag
 from slime_async.actor import ActorRef, spawn
 from slime_async.sample import Sample
-from slime_async.tiny_model import build_tiny_model
+from examples.models.tiny import build_tiny_model
 
 PROMPT = [5, 6, 7]
 LONG = {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}

@@ -93,8 +93,8 @@ def single_rank_megatron():
     """A one-process gloo world with Megatron's parallel state, torn down after the module."""
     import torch.distributed as dist
 
-    from actors.trainer.cpu_compat import apply_cpu_compat
-    from actors.trainer.parallel import destroy_model_parallel, init_model_parallel
+    from actors.megatron.cpu_compat import apply_cpu_compat
+    from actors.megatron.parallel import destroy_model_parallel, init_model_parallel
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     init_model_parallel(tensor_parallel_size=1)

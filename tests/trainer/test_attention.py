@@ -10,7 +10,7 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from actors.trainer.attention import SDPAttention, gpt_layer_spec
+from actors.megatron.attention import SDPAttention, gpt_layer_spec
 
 HEADS, GROUPS, HEAD_DIM = 4, 2, 8
 
@@ -102,7 +102,7 @@ def test_gpt_layer_spec_swaps_only_the_core_attention():
 
 
 def test_packed_batch_through_gpt_model_equals_sequences_run_separately(tiny_hf_dirs):
-    from actors.trainer.model import build_gpt_model
+    from actors.megatron.model import build_gpt_model
 
     model = build_gpt_model(tiny_hf_dirs["qwen3"], {}, use_sdpa=True, load_weights=True).eval()
     lengths = [3, 5, 4]

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from actors.trainer.bridge import gpt_model_args_from_hf, rope_inv_freq, transformer_config_from_hf
+from actors.megatron.bridge import gpt_model_args_from_hf, rope_inv_freq, transformer_config_from_hf
 from conftest import run_torchrun
 
 # config.json of the hub checkpoints as published (weights not needed: only the config is read).

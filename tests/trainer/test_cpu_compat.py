@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from actors.trainer import cpu_compat
-from actors.trainer.cpu_compat import CpuFallback, apply_cpu_compat, check_patch_targets
+from actors.megatron import cpu_compat
+from actors.megatron.cpu_compat import CpuFallback, apply_cpu_compat, check_patch_targets
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU fallbacks apply only without CUDA")
 
@@ -17,14 +17,14 @@ def test_every_patch_target_still_exists_with_the_source_it_rewrites():
     problems = check_patch_targets()
     assert problems == [], (
         f"megatron-core {cpu_compat.megatron_core_version()} moved or changed functions that "
-        "actors/trainer/cpu_compat.py patches; re-read them and update FALLBACKS:\n" + "\n".join(problems)
+        "actors/megatron/cpu_compat.py patches; re-read them and update FALLBACKS:\n" + "\n".join(problems)
     )
 
 
 def test_installed_megatron_core_is_a_version_the_fallbacks_were_tested_with():
     assert cpu_compat.megatron_core_version() in cpu_compat.TESTED_MEGATRON_CORE_VERSIONS, (
         "run the trainer tests on this megatron-core version, then add it to "
-        "TESTED_MEGATRON_CORE_VERSIONS in actors/trainer/cpu_compat.py"
+        "TESTED_MEGATRON_CORE_VERSIONS in actors/megatron/cpu_compat.py"
     )
 
 

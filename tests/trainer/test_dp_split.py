@@ -2,7 +2,7 @@
 
 import pytest
 
-from actors.trainer.dp_split import split_across_dp, split_into_micro_batches
+from actors.megatron.dp_split import split_across_dp, split_into_micro_batches
 
 
 def test_every_sample_is_placed_exactly_once():

@@ -10,8 +10,10 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from actors.trainer.attention import SDPAttention
-from actors.trainer.config import TrainerConfig
+from actors.megatron.attention import SDPAttention
+from actors.megatron.config import TrainerConfig
+from actors.megatron.rank import response_positions
+from actors.megatron.varlen import describe_attention
 from actors.trainer.fused_logprobs import (
     chunk_tokens_for,
     chunked_vocab_parallel_logprobs,
@@ -20,8 +22,7 @@ from actors.trainer.fused_logprobs import (
     return_hidden_states,
 )
 from actors.trainer.kernels import resolve_kernels
-from actors.trainer.logprobs import response_positions, vocab_parallel_logprobs
-from actors.trainer.varlen import describe_attention
+from actors.trainer.logprobs import vocab_parallel_logprobs
 
 
 pytestmark = pytest.mark.usefixtures("single_rank_megatron")
@@ -95,7 +96,7 @@ def test_chunk_size_defaults_to_an_element_budget():
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])  # tied embeddings (vocab 127) / an untied head
 def test_the_model_returning_hidden_states_gives_the_full_paths_logprobs_and_gradients(tiny_hf_dirs, arch):
-    from actors.trainer.model import build_gpt_model
+    from actors.megatron.model import build_gpt_model
 
     full = build_gpt_model(tiny_hf_dirs[arch], {}, load_weights=True)
     hidden = build_gpt_model(tiny_hf_dirs[arch], {}, load_weights=True)

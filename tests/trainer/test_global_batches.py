@@ -2,9 +2,8 @@
 
 import pytest
 
-from actors.trainer.actor import mean_step_metrics, needs_old_logprobs
-from actors.trainer.dp_split import split_into_global_batches
-from policies.loss_spec import LossSpec
+from actors.megatron.dp_split import split_into_global_batches
+from actors.trainer.actor import mean_step_metrics
 
 
 def test_a_rollout_splits_into_consecutive_global_batches_in_order():
@@ -28,9 +27,3 @@ def test_step_metrics_are_averaged_counters_summed_and_the_step_is_the_last():
     ])
     assert merged == pytest.approx({"pg_clipfrac": 0.15, "ppo_kl": 0.01, "num_micro_batches": 5.0,
                                     "step_time_s": 2.0, "step": 6.0, "num_optimizer_steps": 2.0})
-
-
-def test_pi_old_is_recomputed_for_policy_losses_unless_the_rollout_logprobs_stand_in():
-    assert needs_old_logprobs(LossSpec())
-    assert not needs_old_logprobs(LossSpec(use_rollout_logprobs=True))
-    assert not needs_old_logprobs(LossSpec(loss_type="sft"))

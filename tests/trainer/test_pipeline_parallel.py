@@ -107,7 +107,7 @@ def test_the_critic_at_pp2_gives_pp1s_values_loss_and_update(parity):
      r"--virtual-pipeline-model-parallel-size is not supported with --pipeline-model-parallel-size 2"),
 ])
 def test_a_layout_the_stages_could_not_build_fails_at_validation_naming_the_flag(tiny_hf_dirs, megatron, message):
-    from actors.trainer.config import TrainerConfig
+    from actors.megatron.config import TrainerConfig
 
     with pytest.raises(ValueError, match=message):
         TrainerConfig(hf_checkpoint=str(tiny_hf_dirs["qwen2"]), megatron=megatron).validate()

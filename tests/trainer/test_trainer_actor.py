@@ -25,10 +25,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from actors.weight_sync.distributed import EngineSetGroup, engine_identity, send_weights
-from actors.weight_sync.actor import update_engine_weights
+from actors.weight_sync.distributed import EngineSetGroup, engine_identity, send_weights, update_engine_weights
+from actors.megatron.protocol import TrainerOpError
 from actors.trainer.actor import TrainerRankDied
-from actors.trainer.protocol import TrainerOpError
 from slime_async.weights.protocol import WeightGroupSpec
 from slime_async.actor import ActorFailed
 from slime_async.engine_client import EngineClient

@@ -4,8 +4,8 @@ must hand it absolute ones (a relative --run-dir failed at start: trainer_config
 import json
 from pathlib import Path
 
+from actors.megatron.config import TrainerConfig
 from actors.trainer.actor import TrainerActor
-from actors.trainer.config import TrainerConfig
 
 
 def test_relative_checkpoint_paths_resolve_against_the_users_directory(tmp_path, monkeypatch):

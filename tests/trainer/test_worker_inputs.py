@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.trainer.config import TrainerConfig
-from actors.trainer.optimizer import split_megatron_overrides
+from actors.megatron.config import TrainerConfig
+from actors.megatron.optimizer import split_megatron_overrides
 from slime_async.batch import Batch, batch_from_samples
 from slime_async.sample import Sample, Status
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from actors.trainer.actor import TrainerActor
-from actors.trainer.config import TrainerConfig
+from actors.megatron.config import TrainerConfig
 from policies.loss_spec import LossSpec
 from slime_async.actor import ActorRef, spawn
 from slime_async.batch import Batch

@@ -4,7 +4,7 @@
     heldout.jsonl  the same, expressions never in train.jsonl
     sft.jsonl      {"prompt": ..., "label": [segments]}: code turn (trained), the tool's output
                    (loss mask 0), boxed answer (trained) — the supervised warm start
-    corpus.txt     the task's text, for ``slime-async init-tiny-model --corpus``
+    corpus.txt     the task's text, for ``python -m examples.models.tiny --corpus``
 
 ``--chat-tokenizer DIR`` (any HF tokenizer directory with a chat template, e.g. SmolLM2-135M-
 Instruct's) writes prompts as chat messages (a system turn that explains the tool, then the

@@ -10,7 +10,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # the hook: examples.agent
 started=$(date +%s)
 rm -rf runs/code_interpreter
 python examples/agentic/code_interpreter/make_task.py --out runs/code_interpreter/data
-slime-async init-tiny-model --out runs/code_interpreter/base --arch qwen2 --seed 0 \
+python -m examples.models.tiny --out runs/code_interpreter/base --arch qwen2 --seed 0 \
   --corpus runs/code_interpreter/data/corpus.txt
 slime-async train --config examples/agentic/code_interpreter/sft.toml
 slime-async train --config examples/agentic/code_interpreter/grpo.toml

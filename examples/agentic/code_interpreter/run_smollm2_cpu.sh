@@ -10,7 +10,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # the hook: examples.agentic.code_interpreter.agent
 started=$(date +%s)
 rm -rf runs/code_interpreter_smollm2
-model=$(python -c "from slime_async.pretrained import hf_checkpoint; print(hf_checkpoint())")
+model=$(python -c "from examples.models.pretrained import hf_checkpoint; print(hf_checkpoint())")
 python examples/agentic/code_interpreter/make_task.py --out runs/code_interpreter_smollm2/data --chat-tokenizer "$model"
 slime-async train --config examples/agentic/code_interpreter/smollm2_cpu_sft.toml --hf-checkpoint "$model"
 slime-async train --config examples/agentic/code_interpreter/smollm2_cpu.toml

@@ -4,9 +4,10 @@
 
 ``train.jsonl`` / ``heldout.jsonl`` rows are ``{"prompt", "label"}`` (the reversed string);
 ``sft.jsonl`` holds the same prompts with a three-role trace as a segmented label (role prompts
-and wrong first answers not trained); ``tokenizer_corpus.txt`` is for ``init-tiny-model --corpus``.
-With ``--chat-tokenizer`` (a tokenizer directory with a chat template) prompts are chat messages,
-and the SFT traces render the role prompts and turn ends with that template, as the hook does.
+and wrong first answers not trained); ``tokenizer_corpus.txt`` is for
+``python -m examples.models.tiny --corpus``. With ``--chat-tokenizer`` (a tokenizer directory with
+a chat template) prompts are chat messages, and the SFT traces render the role prompts and turn
+ends with that template, as the hook does.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the hook: examples.agenti
 start=$(date +%s)
 rm -rf runs/agentic/multi_agent
 python examples/agentic/multi_agent/prepare.py --out runs/agentic/multi_agent/data
-slime-async init-tiny-model --out runs/agentic/multi_agent/base --arch qwen2 --seed 0 \
+python -m examples.models.tiny --out runs/agentic/multi_agent/base --arch qwen2 --seed 0 \
   --corpus runs/agentic/multi_agent/data/tokenizer_corpus.txt
 slime-async train --config examples/agentic/multi_agent/sft.toml
 slime-async train --config examples/agentic/multi_agent/grpo.toml

@@ -6,7 +6,7 @@
                                  ``--loss-type sft`` segments: the assistant's tool call and final
                                  answer trained, the template glue and the tool's output not —
                                  split where the router front splits a recorded trajectory
-    corpus.txt                   the rendered episodes, for ``slime-async init-tiny-model --corpus``
+    corpus.txt                   the rendered episodes, for ``python -m examples.models.tiny --corpus``
 
 The problems are the code interpreter's with a positive answer of ``--answer-digits`` (5) digits
 (so each has a multiplication): the box's k-th digit then copies the tool output's k-th digit from
@@ -14,7 +14,7 @@ a fixed distance back, which the tiny model learns in a short warm start; with a
 six digits and a sign it kept mis-copying (``266`` -> ``\\boxed{226}``) after 200 steps.
 
 The template is ``--model DIR``'s (its tokenizer must render ``tools`` and tool calls), by
-default the tiny model's tool template (``init-tiny-model --chat-template tools``).
+default the tiny model's tool template (``python -m examples.models.tiny --chat-template tools``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ END_OF_TURN = "<|im_end|>"  # where a model turn ends in ChatML templates (the m
 
 def load_template_tokenizer(model: Path | None) -> Any:
     if model is None:
-        from slime_async.tiny_model import TOOL_CHAT_TEMPLATE, train_tokenizer
+        from examples.models.tiny import TOOL_CHAT_TEMPLATE, train_tokenizer
 
         tokenizer = train_tokenizer(300, 0, corpus=["x"])  # only its template is used here
         tokenizer.chat_template = TOOL_CHAT_TEMPLATE

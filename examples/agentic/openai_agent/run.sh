@@ -10,7 +10,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # the hook: examples.agent
 started=$(date +%s)
 rm -rf runs/openai_agent
 python examples/agentic/openai_agent/make_task.py --out runs/openai_agent/data
-slime-async init-tiny-model --out runs/openai_agent/base --arch qwen2 --seed 0 --chat-template tools \
+python -m examples.models.tiny --out runs/openai_agent/base --arch qwen2 --seed 0 --chat-template tools \
   --corpus runs/openai_agent/data/corpus.txt
 slime-async train --config examples/agentic/openai_agent/sft.toml
 slime-async train --config examples/agentic/openai_agent/grpo.toml

@@ -6,7 +6,7 @@ DIR gets ``corpus.jsonl`` (one passage a row), ``train.jsonl`` / ``heldout.jsonl
 "label"}``: the question and its answer), ``sft.jsonl`` (the same prompts with the search trace as
 a segmented label: model turns trained, retrieved passages not), ``settings.yaml`` (what the
 generate hook reads through ``--custom-config-path``) and ``tokenizer_corpus.txt`` (text for
-``slime-async init-tiny-model --corpus``). Prompts are plain text (``Question: ...``) for the tiny
+``python -m examples.models.tiny --corpus``). Prompts are plain text (``Question: ...``) for the tiny
 model; with ``--chat-tokenizer`` (any HF tokenizer directory with a chat template, e.g.
 SmolLM2-135M-Instruct) they are chat messages — the rules as a system message, the question as
 the user's — for runs with ``--apply-chat-template``.

@@ -9,7 +9,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the hook: examples.agenti
 start=$(date +%s)
 rm -rf runs/agentic/search
 python examples/agentic/search/prepare.py --out runs/agentic/search/data
-slime-async init-tiny-model --out runs/agentic/search/base --arch qwen2 --seed 0 --vocab-size 1024 \
+python -m examples.models.tiny --out runs/agentic/search/base --arch qwen2 --seed 0 --vocab-size 1024 \
   --corpus runs/agentic/search/data/tokenizer_corpus.txt
 slime-async train --config examples/agentic/search/sft.toml
 slime-async train --config examples/agentic/search/grpo.toml

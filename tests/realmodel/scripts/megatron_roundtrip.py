@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from actors.trainer.bridge import save_hf_checkpoint
-from actors.trainer.model import build_gpt_model
-from actors.trainer.parallel import destroy_model_parallel, init_model_parallel
+from actors.megatron.bridge import save_hf_checkpoint
+from actors.megatron.model import build_gpt_model
+from actors.megatron.parallel import destroy_model_parallel, init_model_parallel
 
 
 def gather_vocab_parallel(logits: torch.Tensor) -> torch.Tensor:

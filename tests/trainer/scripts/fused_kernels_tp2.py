@@ -16,16 +16,17 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from actors.trainer.attention import SDPAttention
-from actors.trainer.cpu_compat import apply_cpu_compat
+from actors.megatron.attention import SDPAttention
+from actors.megatron.cpu_compat import apply_cpu_compat
+from actors.megatron.parallel import init_model_parallel
+from actors.megatron.rank import response_positions
 from actors.trainer.fused_logprobs import (
     chunked_vocab_parallel_logprobs,
     head_weight,
     response_token_stats,
     return_hidden_states,
 )
-from actors.trainer.logprobs import response_positions, vocab_parallel_logprobs
-from actors.trainer.parallel import init_model_parallel
+from actors.trainer.logprobs import vocab_parallel_logprobs
 
 
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
@@ -68,7 +69,7 @@ def chunked_head(rank: int) -> bool:
 
 def model_head(hf_dir: str) -> bool:
     """Model level: tied embeddings, a vocab TP must pad (127 -> 128), logprobs and every grad."""
-    from actors.trainer.model import build_gpt_model
+    from actors.megatron.model import build_gpt_model
 
     full = build_gpt_model(hf_dir, {}, load_weights=True)
     hidden_model = build_gpt_model(hf_dir, {}, load_weights=True)

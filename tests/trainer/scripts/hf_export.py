@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from actors.trainer.bridge import iter_hf_weight_buckets, save_hf_checkpoint
-from actors.trainer.model import build_gpt_model
-from actors.trainer.parallel import destroy_model_parallel, init_model_parallel
+from actors.megatron.bridge import iter_hf_weight_buckets, save_hf_checkpoint
+from actors.megatron.model import build_gpt_model
+from actors.megatron.parallel import destroy_model_parallel, init_model_parallel
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from actors.trainer.model import build_gpt_model
-from actors.trainer.parallel import destroy_model_parallel, init_model_parallel
+from actors.megatron.model import build_gpt_model
+from actors.megatron.parallel import destroy_model_parallel, init_model_parallel
 
 
 def gather_vocab_parallel(logits: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from actors.trainer.config import TrainerConfig
+from actors.megatron.config import TrainerConfig
 from actors.trainer.ops import NonFiniteWeights, TrainerOps
 from policies.loss_spec import LossSpec
 from slime_async.batch import Batch

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from actors.critic.ops import CriticOps
-from actors.trainer.config import TrainerConfig
-from actors.trainer.dp_split import split_across_dp
+from actors.megatron.config import TrainerConfig
+from actors.megatron.dp_split import split_across_dp
 from actors.trainer.ops import TrainerOps
 from policies.loss_spec import LossSpec
 from slime_async.batch import Batch
@@ -165,7 +165,7 @@ def main() -> None:
 # megatron-core's checkpoint writer starts a multiprocessing child that imports this script as
 # __mp_main__: it must die with its rank, or it keeps torchrun's output pipes (and the test) open.
 if __name__ == "__mp_main__":
-    from actors.trainer.worker import die_with_parent
+    from actors.megatron.worker import die_with_parent
 
     die_with_parent()
 

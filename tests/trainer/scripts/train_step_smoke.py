@@ -19,8 +19,8 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from actors.trainer.model import build_gpt_model
-from actors.trainer.parallel import init_model_parallel
+from actors.megatron.model import build_gpt_model
+from actors.megatron.parallel import init_model_parallel
 
 
 def loss_func(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):

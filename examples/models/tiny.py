@@ -5,6 +5,8 @@ by this module: an HF-format directory (config.json, generation_config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a chat template) that
 transformers' Auto classes, the embedded CPU engine and SGLang all load.
 
+    python -m examples.models.tiny --out DIR [--arch qwen2] [--seed 0] [--corpus FILE]   # from the repository root
+
 The tokenizer is a byte-level BPE trained on a small corpus generated here (arithmetic,
 countdown-style prompts, chat words). Digits are split into single characters before BPE
 runs, so "123" is always three tokens: the arithmetic task learned with it depends on that.
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # torch, tokenizers and transformers load inside the functions that use them: importing this
-# module (`slime-async init-tiny-model --help`, the spec's constants) should not cost seconds.
+# module (`python -m examples.models.tiny --help`, the spec's constants) should not cost seconds.
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
@@ -284,7 +286,7 @@ def set_chat_template(model_dir: str | Path, template: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     defaults = TinyModelSpec()
     parser = argparse.ArgumentParser(
-        prog="slime-async init-tiny-model",
+        prog="python -m examples.models.tiny",
         description="Write a tiny random-init HF causal LM and a locally trained tokenizer.",
     )
     parser.add_argument("--out", required=True, help="output directory")

@@ -5,7 +5,7 @@ The local spec's ``DotProductAttention`` materialises the [b, heads, s, s] score
 kernels on GPU and to the math kernel on CPU, with the same numbers as the unfused path.
 
 Packed sequences (``PackedSeqParams`` with ``qkv_format="thd"``) are attended in one varlen call
-where a flash varlen kernel runs (CUDA, bf16/fp16: actors/trainer/varlen.py), else one sequence
+where a flash varlen kernel runs (CUDA, bf16/fp16: actors/megatron/varlen.py), else one sequence
 at a time with ``is_causal=True`` (faster on CPU than one masked call), so no token ever sees
 another sequence. ``attention_impl`` ("auto", "loop", "varlen") forces either; "varlen" without
 a flash kernel is one SDPA call with a block-diagonal mask.
@@ -27,7 +27,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
-from actors.trainer.varlen import AttentionImpl, flash_runs, flash_varlen, masked_varlen
+from actors.megatron.varlen import AttentionImpl, flash_runs, flash_varlen, masked_varlen
 
 
 class SDPAttention(MegatronModule):

@@ -40,7 +40,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from actors.trainer.pipeline import gather_to_first_stage
+from actors.megatron.pipeline import gather_to_first_stage
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # Llama 3.1 / 3.2 use llama3; Qwen2.5 / Qwen3 the default (their yarn long-context option is not mapped).

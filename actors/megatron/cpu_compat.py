@@ -283,7 +283,7 @@ def apply_cpu_compat() -> list[str]:
     if problems:
         raise RuntimeError(
             f"megatron-core {megatron_core_version()} no longer matches the CPU fallbacks in "
-            f"actors/trainer/cpu_compat.py (tested: {', '.join(TESTED_MEGATRON_CORE_VERSIONS)}):\n  "
+            f"actors/megatron/cpu_compat.py (tested: {', '.join(TESTED_MEGATRON_CORE_VERSIONS)}):\n  "
             + "\n  ".join(problems)
         )
     version = megatron_core_version()

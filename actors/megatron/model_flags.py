@@ -57,7 +57,7 @@ def _close(given: Any, expected: Any) -> bool:
 
 
 def _expectations(hf_config: Any) -> dict[str, _Expected]:
-    from actors.trainer.bridge import gpt_model_args_from_hf, transformer_config_from_hf
+    from actors.megatron.bridge import gpt_model_args_from_hf, transformer_config_from_hf
 
     tc = transformer_config_from_hf(hf_config)
     gpt = gpt_model_args_from_hf(hf_config, tensor_parallel_size=1)
@@ -114,7 +114,7 @@ def check_model_flags(megatron: dict[str, Any], hf_checkpoint: str) -> None:
     given = {k: v for k, v in megatron.items() if k in MODEL_FLAG_NAMES or k in ARCHITECTURE_FIELDS}
     if not given:
         return  # nothing to check: no need to read the HF config
-    from actors.trainer.bridge import load_hf_config
+    from actors.megatron.bridge import load_hf_config
 
     try:
         hf_config = load_hf_config(hf_checkpoint)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
-    from actors.monitor import MonitorConfig
+    from actors.monitor.config import MonitorConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,10 @@
-"""`TrainerConfig`: the trainer section of the run config (slime flag names as field names).
+"""`TrainerConfig`: the trainer section of the run config (slime flag names as field names), and
+the config of every Megatron group (the critic's is derived from it: `actors.critic.config`).
 
 ``megatron`` is the pass-through: a dict of megatron-core ``TransformerConfig`` /
 ``OptimizerConfig`` / ``DistributedDataParallelConfig`` field -> value (filled by the CLI from
 flags generated from those dataclasses), plus the LR-schedule keys of
-``actors.trainer.optimizer.ScheduleConfig``. The worker routes each key to every dataclass that
+``actors.megatron.optimizer.ScheduleConfig``. The worker routes each key to every dataclass that
 has the field; an unknown key fails at start with its name.
 """
 
@@ -111,10 +112,10 @@ class TrainerConfig:
             raise ValueError(f"--log-probs-chunk-size must be > 0 or -1, got {self.log_probs_chunk_size}")
         if self.train_step_delay < 0:
             raise ValueError(f"--train-step-delay must be >= 0, got {self.train_step_delay}")
-        from actors.trainer.model_flags import check_model_flags
+        from actors.megatron.model_flags import check_model_flags
         # megatron-core: imported when needed
-        from actors.trainer.optimizer import check_megatron_options, split_megatron_overrides
-        from actors.trainer.pipeline import check_pipeline_layout
+        from actors.megatron.optimizer import check_megatron_options, split_megatron_overrides
+        from actors.megatron.pipeline import check_pipeline_layout
 
         check_megatron_options(self.megatron)
         check_model_flags(self.megatron, self.hf_checkpoint)

@@ -21,13 +21,12 @@ from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from actors.trainer.bridge import unwrap_model
-from actors.trainer.checkpoint import load_checkpoint, save_checkpoint
-from actors.trainer.config import TrainerConfig
-from actors.trainer.dp_split import split_into_micro_batches
-from actors.trainer.logprobs import response_positions
-from actors.trainer.model import build_gpt_model
-from actors.trainer.optimizer import (
+from actors.megatron.bridge import unwrap_model
+from actors.megatron.checkpoint import load_checkpoint, save_checkpoint
+from actors.megatron.config import TrainerConfig
+from actors.megatron.dp_split import split_into_micro_batches
+from actors.megatron.model import build_gpt_model
+from actors.megatron.optimizer import (
     ScheduleConfig,
     build_optimizer,
     has_grad_scaler,
@@ -35,9 +34,23 @@ from actors.trainer.optimizer import (
     split_megatron_overrides,
     wrap_ddp,
 )
-from actors.trainer.parallel import init_model_parallel
-from actors.trainer.protocol import RankInfo
+from actors.megatron.parallel import init_model_parallel
+from actors.megatron.protocol import RankInfo
 from slime_async.batch import Batch
+
+
+def response_positions(
+    prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, max_response: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logit positions, valid mask), both ``[B, max_response]``.
+
+    Response token t of sample i sits at ``prompt_len_i + t`` and is predicted by the logits at
+    ``prompt_len_i + t - 1``. Padding entries point at position 0 and are masked invalid.
+    """
+    t = torch.arange(max_response, device=prompt_lengths.device)
+    valid = t[None, :] < response_lengths[:, None]
+    positions = torch.where(valid, prompt_lengths[:, None] - 1 + t[None, :], torch.zeros_like(t)[None, :])
+    return positions, valid
 
 
 def pad_rows(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dtype) -> torch.Tensor:

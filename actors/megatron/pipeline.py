@@ -42,7 +42,7 @@ def check_pipeline_layout(transformer: dict[str, Any], hf_checkpoint: str) -> No
         if transformer.get(name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} is not supported with --pipeline-model-parallel-size "
                              f"{pp}: {why}")
-    from actors.trainer.bridge import load_hf_config, transformer_config_from_hf
+    from actors.megatron.bridge import load_hf_config, transformer_config_from_hf
 
     try:
         hf_config = load_hf_config(hf_checkpoint)

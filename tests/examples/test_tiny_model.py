@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from slime_async.tiny_model import ARCHS, build_tiny_model, generate_corpus, main, train_tokenizer
+from examples.models.tiny import ARCHS, build_tiny_model, generate_corpus, main, train_tokenizer
 
 CLASS_NAMES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 

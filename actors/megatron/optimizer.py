@@ -18,8 +18,8 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from actors.trainer import cpu_compat
-from actors.trainer.model_flags import MODEL_FLAG_NAMES
+from actors.megatron import cpu_compat
+from actors.megatron.model_flags import MODEL_FLAG_NAMES
 
 
 @dataclass

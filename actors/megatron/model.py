@@ -9,15 +9,15 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
-from actors.trainer.attention import gpt_layer_spec
-from actors.trainer.bridge import (
+from actors.megatron.attention import gpt_layer_spec
+from actors.megatron.bridge import (
     gpt_model_args_from_hf,
     load_hf_config,
     load_hf_weights,
     rope_inv_freq,
     transformer_config_from_hf,
 )
-from actors.trainer.cpu_compat import apply_cpu_compat
+from actors.megatron.cpu_compat import apply_cpu_compat
 
 
 def build_gpt_model(
@@ -32,7 +32,7 @@ def build_gpt_model(
     - ``transformer_overrides``: TransformerConfig fields that replace the HF-derived values.
     - ``use_sdpa``: SDPA core attention (default on GPU) instead of the unfused local one
       (default on CPU, where it is exact and memory is not the constraint).
-    - ``attention_impl``: how SDPA attends packed sequences (actors.trainer.varlen).
+    - ``attention_impl``: how SDPA attends packed sequences (actors.megatron.varlen).
     - ``load_weights``: copy the weights of ``hf_dir_or_config`` (a directory) into the model;
       otherwise parameters are randomly initialised.
 
