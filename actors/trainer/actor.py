@@ -110,16 +110,15 @@ class _TorchrunGroup(Actor):
             while not (exited.done() or dead):
                 await asyncio.wait([exited], timeout=_WATCH_INTERVAL)
                 dead = [info for info in self.ranks() if not _pid_alive(info.pid)]
-            if not exited.done():
-                # torchrun notices too and prints which rank failed and how; give it a moment.
-                await asyncio.wait([exited], timeout=_DEATH_REPORT_GRACE)
-                exited.cancel()
+            # When a rank died first, torchrun notices too and prints which rank failed and how.
+            await asyncio.wait([exited], timeout=_DEATH_REPORT_GRACE)
+            exited.cancel()
         error = None if exited.cancelled() else exited.result()
         detail = ""
         if isinstance(error, ProcessExited):
             detail = f"torchrun exited with code {error.returncode}"
-        elif error is not None:  # e.g. the agent of the node that ran it went away
-            detail = str(error).splitlines()[0]
+        elif error is not None:  # e.g. the agent of its node went away
+            detail = str(error).partition("\n")[0] or repr(error)
         tail = log_tail(self.process.log_path, 40)
         # Ranks that torchrun stopped after the first failure are dead too by now: prefer
         # torchrun's own "first observed failure", then the first rank seen dead.
