@@ -19,12 +19,14 @@ log = logging.getLogger(__name__)
 @contextlib.asynccontextmanager
 async def task_group() -> AsyncIterator[asyncio.TaskGroup]:
     """An ``asyncio.TaskGroup``: leaving the block awaits its tasks; the first failure (of a task
-    or of the block) cancels the rest and is raised as itself; failures at the same time are logged."""
+    or of the block) cancels the rest and is raised as itself; other failures at the same time are
+    logged (not the first again: one error that several tasks were failed with is one failure)."""
     try:
         async with asyncio.TaskGroup() as group:
             yield group
     except BaseExceptionGroup as errors:
         first, *others = errors.exceptions
+        others = [error for error in others if error is not first]
         if others:
             log.warning("%d more task(s) failed with the first (%s); the last: %r", len(others),
                         type(first).__name__, others[-1])

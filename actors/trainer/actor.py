@@ -1,13 +1,15 @@
-"""`TrainerActor`: the supervisor's handle on the torchrun group of Megatron ranks.
+"""`TrainerActor`: the supervisor's handle on the torchrun groups of Megatron ranks.
 
-It owns the torchrun process (a `ProcessChild`) and the RPC bridge. Every operation is sent
-to all ranks (SPMD), each with its DP shard, and awaited without blocking the event loop.
-Operations are serialised by a lock: collectives must be issued in the same order on every
-rank, and two concurrent ops could reach two ranks in different orders.
+It owns the torchrun processes (one per node for the policy, one for PPO's critic) and the RPC
+bridge. Every operation is sent to all ranks of a group (SPMD), each with its DP shard, and
+awaited without blocking the event loop. A group's operations are serialised by its lock:
+collectives must be issued in the same order on every rank, and two concurrent ops could
+reach two ranks in different orders.
 
-Failure: a watcher polls the ranks' pids and the torchrun process. When a rank dies, every
-pending call fails at once with `TrainerRankDied` (rank, pid, log tail) and the actor fails
-with it, which is how its supervisor learns of it.
+Failure: each torchrun, with a watch of its ranks' pids, is a child (`_TorchrunGroup`) of a
+supervisor that starts them in order and stops them in reverse. When a rank or a torchrun dies,
+every pending call fails at once with `TrainerRankDied` (rank, pid, log tail), the supervisor
+stops the other groups, and the actor fails with that error: its own supervisor learns of it.
 
 Call the handlers through ``ask`` with a timeout fit for the work (``timeout=None`` for
 training); they answer through ``defer``, so the mailbox stays free meanwhile.
@@ -21,7 +23,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,8 @@ from slime_async.batch import Batch
 from slime_async.cluster.nodes import LocalNode, Node
 from slime_async.process import ProcessChild, ProcessExited, ProcessSpec, log_tail
 from slime_async.rpc import RpcBridge, RpcError
+from slime_async.supervisor import ChildSpec, Restart, Supervisor
+from slime_async.task_group import gather_or_cancel, task_group
 from slime_async.trace import TraceRecorder
 from slime_async.net import free_port
 from slime_async.weights.process_group import nccl_env_defaults
@@ -65,8 +69,6 @@ class TrainerRankDied(RuntimeError):
         self.group = group  # "trainer" (the policy) or "critic"
 
 
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -83,6 +85,61 @@ def _root_cause_rank(torchrun_log_tail: str) -> int | None:
     current = torchrun_log_tail.rsplit("=== ", 1)[-1] if "start: " in torchrun_log_tail else torchrun_log_tail
     match = _ROOT_CAUSE.search(current)
     return int(match.group(1)) if match else None
+
+
+class _TorchrunGroup(Actor):
+    """One torchrun (one node's policy ranks, or the critic's) as one supervised child: the
+    process (here or on a node's agent) and a watch of the pids of ``ranks()`` (those on this
+    host, once they have joined), because a rank killed by a signal is gone seconds before its
+    torchrun notices. Its end fails this actor with the `TrainerRankDied` the user sees, handed
+    to ``report`` first: pending calls fail at once, not after the other groups have stopped."""
+
+    def __init__(self, process: Actor, group: str, ranks: Callable[[], Sequence[RankInfo]],
+                 report: Callable[[TrainerRankDied], None]):
+        super().__init__(process.name)
+        self.process, self.group, self.ranks, self.report = process, group, ranks, report
+
+    async def on_start(self) -> None:
+        await spawn(self.process)
+        self.spawn(self._watch(), name=f"{self.name}:watch")
+
+    async def on_stop(self) -> None:
+        await self.process.ref.stop()
+
+    async def _watch(self) -> None:
+        dead: list[RankInfo] = []
+        async with task_group() as tasks:
+            exited = tasks.create_task(_exit_error(self.process.ref))
+            while not (exited.done() or dead):
+                await asyncio.wait([exited], timeout=_WATCH_INTERVAL)
+                dead = [info for info in self.ranks() if not _pid_alive(info.pid)]
+            # When a rank died first, torchrun notices too and prints which rank failed and how.
+            await asyncio.wait([exited], timeout=_DEATH_REPORT_GRACE)
+            exited.cancel()
+        error = None if exited.cancelled() else exited.result()
+        detail = ""
+        if isinstance(error, ProcessExited):
+            detail = f"torchrun exited with code {error.returncode}"
+        elif error is not None:  # e.g. the agent of its node went away
+            detail = str(error).partition("\n")[0] or repr(error)
+        tail = log_tail(self.process.log_path, 40)
+        # Ranks that torchrun stopped after the first failure are dead too by now: prefer
+        # torchrun's own "first observed failure", then the first rank seen dead.
+        root = _root_cause_rank(tail)
+        first = next((info for info in self.ranks() if info.rank == root), None) or (dead[0] if dead else None)
+        death = TrainerRankDied(first.rank if first else None, first.pid if first else None,
+                                self.process.log_path, tail, detail, group=self.group)
+        self.report(death)
+        raise death
+
+
+async def _exit_error(ref: ActorRef) -> BaseException | None:
+    """How the actor ended: None when it stopped normally, else its error."""
+    try:
+        await ref.wait()
+    except ActorFailed as failed:
+        return failed.error
+    return None
 
 
 def _op_name(op: str, kwargs: dict[str, Any]) -> str:
@@ -130,20 +187,15 @@ def _gpus_after(first: int, count: int) -> str:
 
 
 @dataclasses.dataclass
-class _CriticGroup:
-    """PPO's value model: a second torchrun group of its own, in the policy's RPC group (torch's
-    RPC agent is process-wide, so the supervisor has one bridge for both)."""
+class _Group:
+    """The ranks of one model: the policy's, or PPO's value model (its own torchrun, in the policy's
+    RPC world: torch's RPC agent is process-wide, so the supervisor has one bridge for both)."""
 
+    role: str  # the worker's --role: "actor" (the policy) or "critic"
     config: TrainerConfig
     num_ranks: int
-    child_ref: ActorRef | None = None
     ranks: list[RankInfo] = dataclasses.field(default_factory=list)
-    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # the policy's ops may overlap
-
-    @property
-    def child(self) -> ProcessChild:
-        assert self.child_ref is not None
-        return self.child_ref.actor  # type: ignore[return-value]
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # the two groups' ops may overlap
 
 
 class TrainerActor(Actor):
@@ -160,20 +212,26 @@ class TrainerActor(Actor):
         self.nodes = list(nodes or [LocalNode()])[:config.actor_num_nodes]
         if len(self.nodes) < config.actor_num_nodes:
             raise ValueError(f"--actor-num-nodes {config.actor_num_nodes} but the cluster has {len(self.nodes)} node(s)")
-        self.node_refs: list[ActorRef] = []  # the torchruns of nodes 1.. (node 0's is child_ref)
         self._rendezvous_id = ""
         self.log_dir = Path(log_dir)
-        self.num_ranks = config.num_ranks(torch.cuda.is_available()) * config.actor_num_nodes
-        self.ranks: list[RankInfo] = []
-        self.child_ref: ActorRef | None = None
-        self.critic = (_CriticGroup(critic.validate(), critic.num_ranks(torch.cuda.is_available()) * critic.actor_num_nodes)
+        cuda = torch.cuda.is_available()
+        self.policy = _Group("actor", self.config, config.num_ranks(cuda) * config.actor_num_nodes)
+        self.critic = (_Group("critic", critic.validate(), critic.num_ranks(cuda) * critic.actor_num_nodes)
                        if critic is not None else None)
         self.critic_first_gpu = critic_first_gpu  # on GPU: 0 shares the policy's GPUs
         self.bridge: RpcBridge | None = None
-        self._op_lock = asyncio.Lock()
+        self._groups: ActorRef | None = None  # the supervisor of the torchruns
         self._trace = trace or TraceRecorder.off()  # --trace-dir: each op on the ranks is a span
-        self._death: TrainerRankDied | None = None
+        self._death: TrainerRankDied | None = None  # the first group's death: every later call raises it
         self._died = asyncio.Event()
+
+    @property
+    def num_ranks(self) -> int:
+        return self.policy.num_ranks
+
+    @property
+    def ranks(self) -> list[RankInfo]:
+        return self.policy.ranks
 
     # ----- lifecycle -------------------------------------------------------------------------
     @property
@@ -226,128 +284,87 @@ class TrainerActor(Actor):
         rpc_port = free_port(head.address)
         self._rendezvous_id = f"{self.name}-{os.getpid()}-{rpc_port}"
         rendezvous_port = self.config.master_port or free_port(head.address)
-        # Both specs first: a critic that cannot be placed fails before anything is started.
-        spec = self._spec(rpc_port, rendezvous_port=rendezvous_port)
-        critic_spec = self._spec(rpc_port, "critic") if self.critic is not None else None
-        self.child_ref = await spawn(head.process(spec, self.log_dir))
+        # Every spec first: a critic that cannot be placed fails before anything is started.
+        # Ranks on other nodes are watched through their node's torchrun (their pids are not ours).
+        children = [self._child(head, self._spec(rpc_port, rendezvous_port=rendezvous_port), "trainer",
+                                lambda: [info for info in self.ranks if info.node_ip in ("", head.address)])]
+        children += [self._child(node, self._spec(rpc_port, node_rank=node.rank, rendezvous_port=rendezvous_port),
+                                 "trainer", lambda: ()) for node in self.nodes[1:]]
+        if self.critic is not None:
+            children.append(self._child(None, self._spec(rpc_port, "critic"), "critic", lambda: self.critic.ranks))
+        # Started in order, stopped in reverse, never restarted (intensity 0): one restarted group
+        # cannot re-join the RPC world and the rendezvous the others are in, so the end of any
+        # group escalates: this actor fails, and the run restarts from its checkpoint
+        # (--max-run-restarts).
+        self._groups = await spawn(Supervisor(f"{self.name}-groups", children, max_restarts=0))
+        self.bridge = RpcBridge(f"tcp://{head.address}:{rpc_port}", self._rpc_world_size,
+                                start_timeout=self.config.trainer_start_timeout)
         try:
-            for node in self.nodes[1:]:
-                # The rank config travels to the node: its filesystem need not be the head's.
-                node_spec = self._spec(rpc_port, node_rank=node.rank, rendezvous_port=rendezvous_port)
-                await node.write_text(node_spec.argv[node_spec.argv.index("--config-json") + 1],
-                                      Path(node_spec.argv[node_spec.argv.index("--config-json") + 1]).read_text())
-                self.node_refs.append(await spawn(node.process(node_spec, self.log_dir)))
-        except BaseException:
-            await self._teardown()
-            raise
-        if critic_spec is not None:
-            try:
-                self.critic.child_ref = await spawn(ProcessChild(critic_spec, self.log_dir))
-            except BaseException:
-                await self._teardown()
-                raise
-        self.bridge = RpcBridge(
-            f"tcp://{head.address}:{rpc_port}", self._rpc_world_size, start_timeout=self.config.trainer_start_timeout
-        )
-        refs = [self.child_ref, *self.node_refs] + ([self.critic.child_ref] if self.critic else [])
-        children = [ref.actor for ref in refs]
-        try:
-            joined = asyncio.ensure_future(self.bridge.start())
-            exits = [asyncio.ensure_future(ref.wait()) for ref in refs]
-            async with asyncio.timeout(self.config.trainer_start_timeout):
-                await asyncio.wait([joined, *exits], return_when=asyncio.FIRST_COMPLETED)
-            if not joined.done():
-                for exited, child in zip(exits, children):
-                    if exited.done():
-                        exited.result()  # raises the torchrun failure (with its log tail)
-                        raise RuntimeError(f"torchrun exited before the trainer ranks joined; see {child.log_path}")
-            for exited in exits:
-                exited.cancel()
-            joined.result()
-            infos = await asyncio.gather(*(self._call(r, "info") for r in range(self.num_ranks)))
+            await self._join()
+            self.policy.ranks = sorted(await self._all("info"), key=lambda info: info.rank)
             if self.critic is not None:
-                critic_infos = await asyncio.gather(*(self._call(r, "info", role="critic")
-                                                      for r in range(self.critic.num_ranks)))
-                self.critic.ranks = sorted(critic_infos, key=lambda info: info.rank)
-        except BaseException as error:
-            await self._teardown()
-            if isinstance(error, TimeoutError):
-                tails = "\n".join(f"last lines of {child.log_path}:\n{log_tail(child.log_path)}" for child in children)
-                raise TimeoutError(
-                    f"trainer ranks did not start within --trainer-start-timeout "
-                    f"{self.config.trainer_start_timeout:g} s; {tails}"
-                ) from None
-            if isinstance(error, ActorFailed):
-                raise error.error from None
+                self.critic.ranks = sorted(await self._all("info", role="critic"), key=lambda info: info.rank)
+        except BaseException:
+            await self.on_stop()
             raise
-        self.ranks = sorted(infos, key=lambda info: info.rank)
         log.info("trainer ready: %d ranks, dp=%d tp=%d pp=%d", self.num_ranks, self.dp_size, self.ranks[0].tp_size, self.ranks[0].pp_size)
-        self.spawn(self._watch(), name=f"{self.name}:watch")
+        self.spawn(self._escalate(), name=f"{self.name}:groups")
 
-    @property
-    def child(self) -> ProcessChild:
-        assert self.child_ref is not None
-        return self.child_ref.actor  # type: ignore[return-value]
+    def _child(self, node: Node | None, spec: ProcessSpec, group: str,
+               ranks: Callable[[], Sequence[RankInfo]]) -> ChildSpec:
+        """A torchrun on ``node`` (None: the critic's, on the head) as a child of the groups' supervisor."""
+
+        async def start() -> ActorRef:
+            if node is not None and node.rank:
+                # The rank config travels to the node: its filesystem need not be the head's.
+                config_path = spec.argv[spec.argv.index("--config-json") + 1]
+                await node.write_text(config_path, Path(config_path).read_text())
+            process = node.process(spec, self.log_dir) if node is not None else ProcessChild(spec, self.log_dir)
+            return await spawn(_TorchrunGroup(process, group, ranks, self._report_death))
+
+        return ChildSpec(spec.name, start, Restart.PERMANENT)
+
+    async def _join(self) -> None:
+        """Join the RPC world, unless a group dies first (then its report) or the start times out."""
+        try:
+            async with asyncio.timeout(self.config.trainer_start_timeout), task_group() as tasks:
+                death = tasks.create_task(self._dead())
+                await self.bridge.start()
+                death.cancel()
+        except TimeoutError:
+            logs = [ref.actor.process.log_path for ref in self._groups.actor.children().values()]
+            tails = "\n".join(f"last lines of {path}:\n{log_tail(path)}" for path in logs)
+            raise TimeoutError(f"trainer ranks did not start within --trainer-start-timeout "
+                               f"{self.config.trainer_start_timeout:g} s; {tails}") from None
+
+    def _report_death(self, death: TrainerRankDied) -> None:
+        """From a group's watch, before its supervisor hears of it: every pending call fails now."""
+        if self._death is None:
+            self._death = death
+            self._died.set()
+            if self.bridge is not None:
+                self.bridge.fail_pending(death)
+
+    async def _dead(self) -> None:
+        """Raise the first group's death once there is one."""
+        await self._died.wait()
+        raise self._death
+
+    async def _escalate(self) -> None:
+        """Fail with the dead group's report once its supervisor has stopped the others."""
+        try:
+            await self._groups.wait()
+        except ActorFailed as failed:
+            raise (self._death or failed.error) from None
+        raise RuntimeError(f"the torchrun groups of {self.name!r} stopped")  # only on_stop stops them
 
     @property
     def dp_size(self) -> int:
         return self.ranks[0].dp_size
 
-    async def _watch(self) -> None:
-        """Fail the actor (and every pending call) as soon as a rank or torchrun is gone."""
-        # (group name, torchrun child, its ranks): the policy's, then the critic's.
-        # Ranks on other nodes are watched through their node's torchrun (their pids are not ours).
-        local = [info for info in self.ranks if info.node_ip in ("", self.nodes[0].address)]
-        groups = [("trainer", self.child_ref, local), *(("trainer", ref, []) for ref in self.node_refs)]
-        if self.critic is not None:
-            groups.append(("critic", self.critic.child_ref, self.critic.ranks))
-        exits = [asyncio.ensure_future(ref.wait()) for _, ref, _ in groups]
-        try:
-            while True:
-                failed = next((g for g, (_, _, ranks) in enumerate(groups)
-                               if exits[g].done() or any(not _pid_alive(info.pid) for info in ranks)), None)
-                if failed is not None:
-                    break
-                await asyncio.wait(exits, timeout=_WATCH_INTERVAL, return_when=asyncio.FIRST_COMPLETED)
-            group, child_ref, ranks = groups[failed]
-            child = child_ref.actor
-            exited = exits[failed]
-            dead = [info for info in ranks if not _pid_alive(info.pid)]
-            if dead and not exited.done():
-                # torchrun notices too and prints which rank failed and how; give it a moment.
-                await asyncio.wait([exited], timeout=_DEATH_REPORT_GRACE)
-        finally:
-            for pending in exits:
-                if not pending.done():
-                    pending.cancel()
-        detail = ""
-        if exited.done() and not exited.cancelled() and exited.exception() is not None:
-            error = exited.exception()
-            cause = error.error if isinstance(error, ActorFailed) else error
-            if isinstance(cause, ProcessExited):
-                detail = f"torchrun exited with code {cause.returncode}"
-            else:  # e.g. the agent of the node that ran it went away
-                detail = str(cause).splitlines()[0]
-        tail = log_tail(child.log_path, 40)
-        # Ranks that torchrun stopped after the first failure are dead too by now: prefer
-        # torchrun's own "first observed failure", then the first rank seen dead.
-        root = _root_cause_rank(tail)
-        first = next((i for i in ranks if i.rank == root), None) or (dead[0] if dead else None)
-        death = TrainerRankDied(
-            first.rank if first else None, first.pid if first else None,
-            child.log_path, tail, detail, group=group,
-        )
-        self._death = death
-        self._died.set()
-        if self.bridge is not None:
-            self.bridge.fail_pending(death)
-        raise death
-
     async def on_stop(self) -> None:
-        await self._teardown()
-
-    async def _teardown(self) -> None:
-        """Leave the RPC group, then stop torchrun (SIGTERM to its group, then SIGKILL).
+        """Leave the RPC group, then stop the groups (their supervisor: in reverse start order,
+        each torchrun with SIGTERM to its process group, then SIGKILL).
 
         Ranks are not asked to exit over RPC: a graceful RPC shutdown is a barrier whose
         bookkeeping only matches on a process's first RPC group (a restarted trainer would
@@ -357,57 +374,40 @@ class TrainerActor(Actor):
         if bridge is not None:
             bridge.fail_pending(RuntimeError(f"the trainer {self.name!r} is stopping"))
             await bridge.shutdown(graceful=False)
-        if self.critic is not None and self.critic.child_ref is not None:
-            await self.critic.child_ref.stop()
-        for ref in reversed(self.node_refs):
-            await ref.stop()
-        self.node_refs = []
-        if self.child_ref is not None:
-            await self.child_ref.stop()
+        if self._groups is not None:
+            await self._groups.stop()
 
     # ----- RPC plumbing --------------------------------------------------------------------------
-    def _call(self, rank: int, op: str, *args: Any, role: str = "actor", **kwargs: Any) -> asyncio.Future:
-        if self._death is not None:
-            raise self._death
-        assert self.bridge is not None
-        timeout = self.config.op_timeout
-        return self.bridge.call(f"{worker.rpc_prefix(role)}{rank}", worker.call, op, *args, timeout=timeout, **kwargs)
-
-    async def _all(self, op: str, *args: Any, per_rank: Sequence[tuple] | None = None, **kwargs: Any) -> list[Any]:
-        """Run ``op`` on every rank (rank r gets ``per_rank[r]`` as args when given)."""
-        return await self._all_of("actor", op, *args, per_rank=per_rank, **kwargs)
-
-    async def _all_of(self, role: str, op: str, *args: Any, per_rank: Sequence[tuple] | None = None,
-                      **kwargs: Any) -> list[Any]:
-        """`_all` on the ranks of ``role``'s group: "actor" (the policy) or "critic"."""
-        critic = role == "critic"
-        if critic and self.critic is None:
+    async def _all(self, op: str, *args: Any, per_rank: Sequence[tuple] | None = None, role: str = "actor",
+                   **kwargs: Any) -> list[Any]:
+        """Run ``op`` on every rank of ``role``'s group, "actor" (the policy) or "critic" (rank r
+        gets ``per_rank[r]`` as args when given). The first failure cancels the other ranks'
+        calls; a transport error (a peer gone) becomes the report that names the dead rank."""
+        group = self.critic if role == "critic" else self.policy
+        if group is None:
             raise ValueError(f"critic op {op!r}, but this trainer has no critic (--advantage-estimator ppo)")
-        lock = self.critic.lock if critic else self._op_lock
-        num_ranks = self.critic.num_ranks if critic else self.num_ranks
-        lane = self._trace.lane("critic" if critic else "trainer", "ranks")
-        async with lock, self._trace.span(_op_name(op, kwargs), lane, cat="train", op=op, **_op_args(per_rank)):
-            calls = [
-                self._call(r, op, *(per_rank[r] if per_rank is not None else args), role=role, **kwargs)
-                for r in range(num_ranks)
-            ]
+        lane = self._trace.lane(worker.rpc_prefix(group.role), "ranks")
+        async with group.lock, self._trace.span(_op_name(op, kwargs), lane, cat="train", op=op, **_op_args(per_rank)):
             try:
-                return await asyncio.gather(*calls)
+                return await gather_or_cancel(*(
+                    self._call(group, r, op, *(per_rank[r] if per_rank is not None else args), **kwargs)
+                    for r in range(group.num_ranks)
+                ))
             except RpcError as error:
-                for c in calls:
-                    c.cancel()
-                # The transport may notice a dead peer ("eof") before the watcher does; the
+                # The transport may notice a dead peer ("eof") before the group's watch does; the
                 # caller should get the report that names the rank, so wait for it briefly.
                 try:
                     async with asyncio.timeout(_DEATH_REPORT_GRACE + 2 * _WATCH_INTERVAL + 1.0):
-                        await self._died.wait()
+                        await self._dead()
                 except TimeoutError:
                     raise error from None
-                raise self._death from error
-            except BaseException:
-                for c in calls:
-                    c.cancel()
-                raise
+
+    async def _call(self, group: _Group, rank: int, op: str, *args: Any, **kwargs: Any) -> Any:
+        if self._death is not None:
+            raise self._death
+        assert self.bridge is not None
+        return await self.bridge.call(f"{worker.rpc_prefix(group.role)}{rank}", worker.call, op, *args,
+                                      timeout=self.config.op_timeout, **kwargs)
 
     def _shard(self, batch: Batch, ranks: Sequence[RankInfo] | None = None) -> tuple[list[list[int]], list[tuple]]:
         """DP bins of sample indices and each rank's shard (TP/PP peers share their DP shard);
@@ -560,7 +560,7 @@ class TrainerActor(Actor):
     async def _compute_values(self, batch: Batch) -> list[list[float]]:
         assert self.critic is not None, "compute_values needs a critic (--advantage-estimator ppo)"
         bins, shards = self._shard(batch, self.critic.ranks)
-        results = await self._all_of("critic", "compute_values", per_rank=shards)
+        results = await self._all("compute_values", per_rank=shards, role="critic")
         merged: list[list[float] | None] = [None] * len(batch)
         for info, rows in zip(self.critic.ranks, results):
             for index, row in zip(bins[info.dp_rank], rows or []):
@@ -582,21 +582,21 @@ class TrainerActor(Actor):
             normalizer = part.normalizer(loss_agg, max_response_len)
             _, shards = self._shard(part, self.critic.ranks)
             per_rank = [(shard, value_clip, loss_agg, normalizer) for (shard,) in shards]
-            results = await self._all_of("critic", "train_step", per_rank=per_rank)
+            results = await self._all("train_step", per_rank=per_rank, role="critic")
             per_step.append(next(r for r in results if r is not None))
         return mean_step_metrics(per_step)
 
     def save_critic(self, path: str) -> Deferred:
         """The critic's Megatron distributed checkpoint (model, value head, optimizer, schedule)."""
-        return self.defer(self._all_of("critic", "save", str(path)))
+        return self.defer(self._all("save", str(path), role="critic"))
 
     def load_critic(self, path: str) -> Deferred:
         """Restore a checkpoint written by `save_critic` (a resume); answers its step."""
-        return self.defer(self._first_of(self._all_of("critic", "load", str(path))))
+        return self.defer(self._first_of(self._all("load", str(path), role="critic")))
 
     def load_critic_weights(self, path: str) -> Deferred:
         """Only the value model's weights from a critic checkpoint (--critic-load)."""
-        return self.defer(self._all_of("critic", "load_weights", str(path)))
+        return self.defer(self._all("load_weights", str(path), role="critic"))
 
     @staticmethod
     async def _first_of(results) -> Any:

@@ -68,3 +68,22 @@ async def test_gather_or_cancel_cancels_the_others_at_the_first_failure():
     with pytest.raises(RuntimeError, match="503"):
         await gather_or_cancel(slow(), fail(), slow())
     assert cancelled == [True, True]  # plain asyncio.gather would leave both running
+
+
+async def test_one_error_that_several_tasks_fail_with_is_raised_and_not_logged_as_more(caplog):
+    # A rank's death report: the trainer fails every pending call with the same exception.
+    report = RuntimeError("trainer rank 1 (pid 42) died")
+    pending = [asyncio.get_running_loop().create_future() for _ in range(3)]
+
+    async def call(future):
+        return await future
+
+    async def fail_all():
+        await asyncio.sleep(0)
+        for future in pending:
+            future.set_exception(report)
+
+    with pytest.raises(RuntimeError) as raised:
+        await gather_or_cancel(*(call(f) for f in pending), fail_all())
+    assert raised.value is report
+    assert "more task(s) failed" not in caplog.text
