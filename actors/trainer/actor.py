@@ -6,7 +6,7 @@ awaited without blocking the event loop. A group's operations are serialised by 
 collectives must be issued in the same order on every rank, and two concurrent ops could
 reach two ranks in different orders.
 
-Failure: each torchrun, with a watch of its ranks' pids, is a child (`_TorchrunGroup`) of a
+Failure: each torchrun, with a watch of its ranks' pids, is a child (`TorchrunGroup`) of a
 supervisor that starts them in order and stops them in reverse. When a rank or a torchrun dies,
 every pending call fails at once with `TrainerRankDied` (rank, pid, log tail), the supervisor
 stops the other groups, and the actor fails with that error: its own supervisor learns of it.
@@ -21,13 +21,11 @@ import asyncio
 import dataclasses
 import logging
 import os
-import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 from actors.megatron.config import TrainerConfig
@@ -35,6 +33,7 @@ from actors.megatron.dp_split import split_across_dp, split_into_global_batches
 from actors.megatron.protocol import RankInfo
 from actors.trainer import worker
 from actors.trainer.protocol import SampleLogprobs
+from actors.trainer.torchrun import DEATH_REPORT_GRACE, WATCH_INTERVAL, TorchrunGroup, TrainerRankDied
 from slime_async.weights.protocol import WeightGroupSpec
 from policies.loss_spec import LossSpec
 from policies.requirements import needs_old_logprobs
@@ -42,7 +41,7 @@ from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
 from slime_async.child_env import PACKAGES_ROOT, child_pythonpath
 from slime_async.batch import Batch
 from slime_async.cluster.nodes import LocalNode, Node
-from slime_async.process import ProcessChild, ProcessExited, ProcessSpec, log_tail
+from slime_async.process import ProcessChild, ProcessSpec, log_tail
 from slime_async.rpc import RpcBridge, RpcError
 from slime_async.supervisor import ChildSpec, Restart, Supervisor
 from slime_async.task_group import gather_or_cancel, task_group
@@ -51,95 +50,6 @@ from slime_async.net import free_port
 from slime_async.weights.process_group import nccl_env_defaults
 
 log = logging.getLogger(__name__)
-
-
-# How long to let torchrun write its failure summary after a rank died, before reporting.
-_DEATH_REPORT_GRACE = 5.0
-_WATCH_INTERVAL = 0.1
-
-
-class TrainerRankDied(RuntimeError):
-    def __init__(self, rank: int | None, pid: int | None, log_path: Path, tail: str, detail: str = "",
-                 group: str = "trainer"):
-        who = f"{group} rank {rank} (pid {pid})" if rank is not None else f"the {group} (torchrun)"
-        super().__init__(f"{who} died{': ' + detail if detail else ''}; last lines of {log_path}:\n{tail}")
-        self.rank = rank
-        self.pid = pid
-        self.log_path = log_path
-        self.group = group  # "trainer" (the policy) or "critic"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.DOTALL)
-
-
-def _root_cause_rank(torchrun_log_tail: str) -> int | None:
-    """The global rank torchrun's failure summary names as the first observed failure."""
-    # The log is appended across restarts: only read what follows the latest start marker.
-    current = torchrun_log_tail.rsplit("=== ", 1)[-1] if "start: " in torchrun_log_tail else torchrun_log_tail
-    match = _ROOT_CAUSE.search(current)
-    return int(match.group(1)) if match else None
-
-
-class _TorchrunGroup(Actor):
-    """One torchrun (one node's policy ranks, or the critic's) as one supervised child: the
-    process (here or on a node's agent) and a watch of the pids of ``ranks()`` (those on this
-    host, once they have joined), because a rank killed by a signal is gone seconds before its
-    torchrun notices. Its end fails this actor with the `TrainerRankDied` the user sees, handed
-    to ``report`` first: pending calls fail at once, not after the other groups have stopped."""
-
-    def __init__(self, process: Actor, group: str, ranks: Callable[[], Sequence[RankInfo]],
-                 report: Callable[[TrainerRankDied], None]):
-        super().__init__(process.name)
-        self.process, self.group, self.ranks, self.report = process, group, ranks, report
-
-    async def on_start(self) -> None:
-        await spawn(self.process)
-        self.spawn(self._watch(), name=f"{self.name}:watch")
-
-    async def on_stop(self) -> None:
-        await self.process.ref.stop()
-
-    async def _watch(self) -> None:
-        dead: list[RankInfo] = []
-        async with task_group() as tasks:
-            exited = tasks.create_task(_exit_error(self.process.ref))
-            while not (exited.done() or dead):
-                await asyncio.wait([exited], timeout=_WATCH_INTERVAL)
-                dead = [info for info in self.ranks() if not _pid_alive(info.pid)]
-            # When a rank died first, torchrun notices too and prints which rank failed and how.
-            await asyncio.wait([exited], timeout=_DEATH_REPORT_GRACE)
-            exited.cancel()
-        error = None if exited.cancelled() else exited.result()
-        detail = ""
-        if isinstance(error, ProcessExited):
-            detail = f"torchrun exited with code {error.returncode}"
-        elif error is not None:  # e.g. the agent of its node went away
-            detail = str(error).partition("\n")[0] or repr(error)
-        tail = log_tail(self.process.log_path, 40)
-        # Ranks that torchrun stopped after the first failure are dead too by now: prefer
-        # torchrun's own "first observed failure", then the first rank seen dead.
-        root = _root_cause_rank(tail)
-        first = next((info for info in self.ranks() if info.rank == root), None) or (dead[0] if dead else None)
-        death = TrainerRankDied(first.rank if first else None, first.pid if first else None,
-                                self.process.log_path, tail, detail, group=self.group)
-        self.report(death)
-        raise death
-
-
-async def _exit_error(ref: ActorRef) -> BaseException | None:
-    """How the actor ended: None when it stopped normally, else its error."""
-    try:
-        await ref.wait()
-    except ActorFailed as failed:
-        return failed.error
-    return None
 
 
 def _op_name(op: str, kwargs: dict[str, Any]) -> str:
@@ -320,7 +230,7 @@ class TrainerActor(Actor):
                 config_path = spec.argv[spec.argv.index("--config-json") + 1]
                 await node.write_text(config_path, Path(config_path).read_text())
             process = node.process(spec, self.log_dir) if node is not None else ProcessChild(spec, self.log_dir)
-            return await spawn(_TorchrunGroup(process, group, ranks, self._report_death))
+            return await spawn(TorchrunGroup(process, group, ranks, self._report_death))
 
         return ChildSpec(spec.name, start, Restart.PERMANENT)
 
@@ -397,7 +307,7 @@ class TrainerActor(Actor):
                 # The transport may notice a dead peer ("eof") before the group's watch does; the
                 # caller should get the report that names the rank, so wait for it briefly.
                 try:
-                    async with asyncio.timeout(_DEATH_REPORT_GRACE + 2 * _WATCH_INTERVAL + 1.0):
+                    async with asyncio.timeout(DEATH_REPORT_GRACE + 2 * WATCH_INTERVAL + 1.0):
                         await self._dead()
                 except TimeoutError:
                     raise error from None

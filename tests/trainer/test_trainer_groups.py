@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import actors.trainer.actor as trainer_actor
-from actors.trainer.actor import TrainerActor, TrainerRankDied, _TorchrunGroup
+from actors.trainer.actor import TrainerActor
+from actors.trainer.torchrun import TorchrunGroup, TrainerRankDied
 from actors.trainer.config import TrainerConfig
 from actors.trainer.protocol import RankInfo, TrainerOpError
 from slime_async.actor import ActorFailed, spawn
@@ -216,7 +217,7 @@ async def test_the_report_names_the_rank_torchruns_summary_names_first(tmp_path,
         process.wait()
     spec = ProcessSpec("trainer-torchrun", [PY, "-c", f"print({root_cause_summary(1)!r}); raise SystemExit(1)"])
     reports = []
-    group = await spawn(_TorchrunGroup(ProcessChild(spec, tmp_path), "trainer",
+    group = await spawn(TorchrunGroup(ProcessChild(spec, tmp_path), "trainer",
                                        lambda: [info(0, dead[0].pid, 2), info(1, dead[1].pid, 2)], reports.append))
     async with asyncio.timeout(30):
         with pytest.raises(ActorFailed) as failed:

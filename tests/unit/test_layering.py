@@ -35,8 +35,6 @@ ALLOWED_IMPORTS = {
 MAX_LINES = 600
 ALLOWED_LONG_FILES = {
     "actors/engine/cpu/server.py",  # split in progress (#24)
-    "actors/router/actor.py",  # split in progress (#24)
-    "slime_async/engine_client.py",  # split in progress (#24)
 }
 
 
