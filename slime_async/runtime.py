@@ -56,7 +56,7 @@ async def run_supervised(
     for sig in signals:
         loop.add_signal_handler(sig, lambda s=sig: received.done() or received.set_result(s))
     try:
-        starting = asyncio.ensure_future(spawn(root))
+        starting = asyncio.create_task(spawn(root))
         await asyncio.wait([starting, received], return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
             # Start-up can take minutes (engines loading, trainer ranks joining): cancelling it
@@ -69,8 +69,8 @@ async def run_supervised(
             report_error(f"{root.name} failed to start: {starting.exception()}")
             return EXIT_FAILURE
         ref = starting.result()
-        tree = asyncio.ensure_future(ref.wait())
-        work = asyncio.ensure_future(main(root)) if main is not None else loop.create_future()
+        tree = asyncio.create_task(ref.wait())
+        work = asyncio.create_task(main(root)) if main is not None else loop.create_future()
         await asyncio.wait([tree, work, received], return_when=asyncio.FIRST_COMPLETED)
         if work.done() and not tree.done() and isinstance(work.exception(), ActorStopped):
             # The loop lost an actor because the tree is failing: wait for the tree's reason

@@ -20,7 +20,7 @@ WeightUpdateMode = Literal["abort", "drain", "in_place", "retract", "pause"]
 
 
 @dataclass
-class LoopConfig:
+class TrainConfig:
     train_mode: TrainMode = field(default="sync", metadata=_help(
         "sync: generate, train, sync weights; one-step-off: generate step N+1 while training N; "
         "fully-async: rollout never waits for training, bounded by --max-staleness"))

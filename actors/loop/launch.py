@@ -21,7 +21,7 @@ from actors.buffer import BufferActor
 from actors.critic.config import critic_checkpoint, critic_trainer_config
 from actors.engine.fleet import build_fleet
 from actors.loop.placement import export_dir_check, in_cluster
-from actors.loop.checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
+from actors.loop.run_checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
 from actors.loop.critic import uses_critic
 from actors.loop.train_loop import Handles, RunProgress, train_loop
 from actors.loop.replay import replay_loop

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from actors.buffer import BufferConfig, default_capacity
 from actors.critic.config import CriticConfig, check_run as check_critic_run
 from actors.engine.config import RUNTIME_OWNED_SGLANG_FIELDS, EngineConfig
-from actors.loop.config import LoopConfig
+from actors.loop.config import TrainConfig
 from actors.megatron.config import TrainerConfig
 from actors.monitor import MonitorConfig
 from actors.rollout.config import RolloutConfig
@@ -32,7 +32,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: LossSpec = field(default_factory=LossSpec)
     buffer: BufferConfig = field(default_factory=BufferConfig)
-    train: LoopConfig = field(default_factory=LoopConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.loop.batching import advantage_logprobs, build_train_batch
-from actors.loop.checkpoint import RunCheckpointer
+from actors.loop.run_checkpoint import RunCheckpointer
 from actors.loop.critic import critic_values, train_critic, trains_policy, uses_critic
 from actors.loop.debug_dump import dump_groups
 from actors.loop.run_config import RunConfig
 from slime_async.actor import ActorRef
-from slime_async.task_group import task_group
+from slime_async.task_group import gather_or_cancel, task_group
 from slime_async.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
                 policy_step = (h.trainer.ask("train_step", batch, spec, timeout=None,
                                              max_response_len=rollout_cfg.rollout_max_response_len)
                                if trains_policy(config, step) else _no_update())
-                train_metrics, critic_metrics = await asyncio.gather(policy_step,
-                                                                     train_critic(h.trainer, batch, config))
+                # One failing cancels the other (neither is left training for a step that will not be taken).
+                train_metrics, critic_metrics = await gather_or_cancel(policy_step, train_critic(h.trainer, batch, config))
                 metrics.update({f"train/{k}": v for k, v in train_metrics.items()} | critic_metrics)
                 metrics["perf/train_time"] = time.monotonic() - train_started
             step += 1

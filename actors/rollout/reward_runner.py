@@ -35,7 +35,7 @@ class RewardRunner:
         if inspect.iscoroutinefunction(function):
             future = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_resolved(function, args), self._reward_loop()))
         else:
-            future = asyncio.ensure_future(asyncio.to_thread(_call_resolved, function, args))
+            future = asyncio.to_thread(_call_resolved, function, args)
         # wait_for cancels the wrapped future at the deadline, which cancels the reward task on
         # its own loop; it never waits for a blocked reward to notice.
         return await asyncio.wait_for(future, timeout)

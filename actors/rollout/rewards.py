@@ -21,6 +21,7 @@ from actors.rollout.reward_runner import RewardRunner
 from policies.rewards import BUILTIN_REWARDS
 from slime_async.sample import Sample, Status
 from slime_async.trace import TraceRecorder
+from slime_async.task_group import gather_or_cancel
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class RewardScorer:
                 return True
             except Exception as error:  # noqa: BLE001 - a user function may raise anything
                 return self._failed(samples, error)
-        results = await asyncio.gather(*(self._score_one(sample) for sample in samples))
+        results = await gather_or_cancel(*(self._score_one(sample) for sample in samples))
         return all(results)
 
     async def _score_one(self, sample: Sample) -> bool:

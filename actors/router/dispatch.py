@@ -79,7 +79,7 @@ class RequestPath:
         EngineConnectionError and the request fails over like after a refused connection.
         Streamed with --router-stream-generate, for each output token's weight version (the
         engine's ``version_lag``: the tokens its chunks report late, see StreamAssembler)."""
-        call = asyncio.ensure_future(
+        call = asyncio.create_task(  # owned by engine.calls: the health loop cancels a hung engine's
             engine.client.generate(
                 input_ids,
                 sampling_params,

@@ -14,6 +14,7 @@ from typing import Any
 
 from actors.router.engine_state import EngineState, Health, reported_capacity, reported_load, reported_version_lag
 from slime_async.engine_client import EngineError, EngineHTTPError
+from slime_async.task_group import gather_or_cancel
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class HealthChecks:
         while True:
             await asyncio.sleep(self.config.router_health_interval)
             checked = [engine for engine in self._engines.values() if not engine.paused]
-            await asyncio.gather(*(self._check(engine) for engine in checked))
+            await gather_or_cancel(*(self._check(engine) for engine in checked))
 
     async def _check(self, engine: EngineState) -> None:
         if engine.paused_in_place and not await self._continue(engine):
@@ -74,7 +75,7 @@ class HealthChecks:
         self._mark_up(engine)
 
     async def _read_capacities(self, engines: list[EngineState]) -> None:
-        await asyncio.gather(*(self._read_capacity(engine) for engine in engines))
+        await gather_or_cancel(*(self._read_capacity(engine) for engine in engines))
 
     async def _read_capacity(self, engine: EngineState) -> None:
         """What the engine can hold at once; unknown (None) if it does not answer or say. Its
@@ -90,7 +91,7 @@ class HealthChecks:
         while True:
             await asyncio.sleep(self.config.router_load_interval)
             polled = [engine for engine in self._engines.values() if engine.routable and engine.loads_supported]
-            await asyncio.gather(*(self._poll_load(engine) for engine in polled))
+            await gather_or_cancel(*(self._poll_load(engine) for engine in polled))
 
     async def _poll_load(self, engine: EngineState) -> None:
         try:

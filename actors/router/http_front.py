@@ -41,6 +41,7 @@ from actors.router.tool_calls import parse_tool_calls
 from slime_async.actor import ActorRef, ActorStopped
 from slime_async.engine_client import EngineError, EngineHTTPError, EngineTimeout
 from slime_async.trajectory import RecordedChoice
+from slime_async.task_group import gather_or_cancel
 
 log = logging.getLogger(__name__)
 
@@ -344,14 +345,7 @@ class HttpFront:
     async def _complete_all(self, session: _Session, specs: list[CompletionSpec]) -> list[Completion]:
         """The completions of one request; when one fails the others are cancelled (a bare
         gather would leave them generating for an answer nobody reads)."""
-        tasks = [asyncio.ensure_future(self._complete(session, spec)) for spec in specs]
-        try:
-            return await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        return await gather_or_cancel(*(self._complete(session, spec) for spec in specs))
 
     async def _events(self, session: _Session, specs: list[CompletionSpec]
                       ) -> AsyncIterator[tuple[int, Completion, bool]]:
@@ -366,7 +360,7 @@ class HttpFront:
             except Exception as error:  # noqa: BLE001 - handed to the consumer
                 queue.put_nowait((index, None, error))
 
-        tasks = [asyncio.ensure_future(run(i, spec)) for i, spec in enumerate(specs)]
+        tasks = [asyncio.create_task(run(i, spec)) for i, spec in enumerate(specs)]  # cancelled below
         finished: set[int] = set()
         try:
             while len(finished) < len(specs):

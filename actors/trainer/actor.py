@@ -404,7 +404,7 @@ class TrainerActor(Actor):
     def destroy_weight_group(self, group_name: str = "weight_update_group") -> Deferred:
         return self.defer(self._all("destroy_weight_group", group_name))
 
-    # ----- colocated training (--colocate: actors/trainer/colocate.py) ----------------------------
+    # ----- colocated training (--colocate: actors/trainer/residency.py) ----------------------------
     def offload(self, parts: Sequence[str]) -> Deferred:
         """Move ``parts`` (optimizer, grads, params) of every rank to host memory; the slowest rank's seconds."""
         return self.defer(self._max(self._all("offload", list(parts))))

@@ -25,13 +25,13 @@ from megatron.core import parallel_state
 from actors.megatron.bridge import hf_vocab_size_of, load_hf_weights, save_hf_checkpoint, unwrap_model
 from actors.megatron.config import TrainerConfig
 from actors.megatron.rank import MegatronRank, all_finite, all_ranks_agree, response_tensors
-from actors.trainer.colocate import ColocatedRank
+from actors.trainer.residency import DeviceResidency
 from actors.trainer.fused_logprobs import head_weight, response_token_stats, return_hidden_states
 from actors.trainer.kernels import resolve_kernels
 from actors.trainer.logprobs import vocab_parallel_logprobs
 from actors.trainer.protocol import SampleLogprobs
 from slime_async.weights.protocol import TensorMeta, WeightGroupSpec
-from actors.trainer.weight_sync import WeightBroadcaster
+from actors.trainer.weight_broadcast import WeightBroadcaster
 from policies.loss_spec import LossSpec
 from policies.objective import compute_objective
 from slime_async.batch import Batch
@@ -54,7 +54,7 @@ def _micro_batch_tensors(batch: Batch, device: torch.device, pack: bool = False)
     return out
 
 
-class TrainerOps(ColocatedRank, MegatronRank):
+class TrainerOps(DeviceResidency, MegatronRank):
     """The policy's rank: logprobs, the policy loss's optimizer step, the reference model,
     HF export and weight broadcast to the engines."""
 

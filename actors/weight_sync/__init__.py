@@ -10,7 +10,7 @@
 - ``colocate.py``: the phases of a colocated step (--colocate) around the tensor transport.
 
 Below it, what both ends import: slime_async/weights/. The trainer's half answers the messages
-listed in slime_async/weights/protocol.py (actors/trainer/weight_sync.py and colocate.py).
+listed in slime_async/weights/protocol.py (actors/trainer/weight_broadcast.py and colocate.py).
 """
 
 from actors.weight_sync.actor import WeightSyncActor

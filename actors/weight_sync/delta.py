@@ -162,7 +162,8 @@ class DeltaSender:
     def _frame(self, target: Snapshot, base: Snapshot | None, name: str) -> asyncio.Future:
         cache = self._encoded.setdefault((target.version, base.version if base else None), {})
         if name not in cache:
-            cache[name] = asyncio.ensure_future(asyncio.to_thread(self._encode, target, base, name))
+            # An executor future, not a task: nothing to cancel when ``forget`` drops it (a thread runs to its end).
+            cache[name] = asyncio.get_running_loop().run_in_executor(None, self._encode, target, base, name)
         return cache[name]
 
     def _encode(self, target: Snapshot, base: Snapshot | None, name: str) -> bytes:

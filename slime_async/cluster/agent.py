@@ -175,20 +175,22 @@ async def run_agent(head: str, node_ip: str, gpus: list[int], node_rank: int | N
             try:
                 await ws.send_json(hello)
                 log.info("registered %s with the head at %s", node_ip, head)
-                stopped = asyncio.ensure_future(stop.wait())
-                while True:
-                    received = asyncio.ensure_future(ws.receive())
-                    await asyncio.wait([received, stopped], return_when=asyncio.FIRST_COMPLETED)
-                    if not received.done():
-                        received.cancel()
-                        break
-                    message = received.result()
-                    if message.type is not aiohttp.WSMsgType.TEXT:
-                        break
-                    data = message.json()
-                    if "op" in data:
-                        session.handle(data)
-                stopped.cancel()
+                stopped = asyncio.create_task(stop.wait())
+                try:
+                    while True:
+                        received = asyncio.create_task(ws.receive())
+                        await asyncio.wait([received, stopped], return_when=asyncio.FIRST_COMPLETED)
+                        if not received.done():
+                            received.cancel()
+                            break
+                        message = received.result()
+                        if message.type is not aiohttp.WSMsgType.TEXT:
+                            break
+                        data = message.json()
+                        if "op" in data:
+                            session.handle(data)
+                finally:
+                    stopped.cancel()
             finally:
                 # No child outlives its head's connection: a new head starts its own.
                 await session.close()

@@ -72,7 +72,7 @@ def test_tensorboard_has_the_live_clip_metrics(run):
 
 
 # One colocated step, as each side logs it (actors/weight_sync/colocate.py, actors/engine/cpu/memory.py,
-# actors/trainer/colocate.py).
+# actors/trainer/residency.py).
 SUPERVISOR_STEP = ["release_memory", "onload", "offload", "resume_weights", "update_weights_from_tensor", "offload",
                    "resume_kv_cache"]
 ENGINE_STEP = ["released weights, kv_cache", "resumed weights", "loaded", "resumed kv_cache"]

@@ -1,6 +1,6 @@
 """Run checkpoints: reconciling the rollout's and the buffer's snapshots, finding the latest."""
 
-from actors.loop.checkpoint import latest_checkpoint, without_buffered
+from actors.loop.run_checkpoint import latest_checkpoint, without_buffered
 
 
 def pending(group_index, name):

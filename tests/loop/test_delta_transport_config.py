@@ -2,7 +2,7 @@
 
 import pytest
 
-from actors.loop.config import LoopConfig
+from actors.loop.config import TrainConfig
 from actors.weight_sync.actor import WeightSyncActor
 from actors.weight_sync.errors import WeightSyncError
 from slime_async.actor import Actor, spawn
@@ -10,11 +10,11 @@ from slime_async.net import free_port
 
 
 def test_receivers_are_engine_url_receiver_url_pairs():
-    config = LoopConfig(update_weight_transport="delta",
+    config = TrainConfig(update_weight_transport="delta",
                         update_weight_delta_receivers="http://a:30000/=http://a:30100, http://b:30000=http://b:30100")
     config.validate()
     assert config.delta_receivers() == {"http://a:30000": "http://a:30100", "http://b:30000": "http://b:30100"}
-    assert LoopConfig(update_weight_transport="delta").delta_receivers() == {}
+    assert TrainConfig(update_weight_transport="delta").delta_receivers() == {}
 
 
 @pytest.mark.parametrize("value, transport, message", [
@@ -23,7 +23,7 @@ def test_receivers_are_engine_url_receiver_url_pairs():
     ("http://a:30000=http://a:30100", "disk", r"needs --update-weight-transport delta"),
 ])
 def test_a_malformed_or_unused_receivers_flag_is_refused_naming_it(value, transport, message):
-    config = LoopConfig(update_weight_transport=transport, update_weight_delta_receivers=value)
+    config = TrainConfig(update_weight_transport=transport, update_weight_delta_receivers=value)
     with pytest.raises(ValueError, match=rf"--update-weight-delta-receivers.*{message}|{message}"):
         config.validate()
 

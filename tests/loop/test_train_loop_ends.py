@@ -13,7 +13,7 @@ import json
 import logging
 
 from actors.buffer import BufferActor, BufferConfig
-from actors.loop.config import LoopConfig
+from actors.loop.config import TrainConfig
 from actors.loop.run_config import RunConfig
 from actors.loop.train_loop import Handles, train_loop
 from actors.monitor import MonitorActor, MonitorConfig
@@ -78,7 +78,7 @@ async def run_loop(tmp_path, router: StandInRouter, *, prompts: int, batch: int,
     """train_loop over real actors; returns (loop result, handles, rollout metrics after the loop, metrics.jsonl)."""
     rollout_config = RolloutConfig(rm_type="exact", rollout_batch_size=batch, n_samples_per_prompt=2,
                                    rollout_max_response_len=2, eval_max_response_len=2, eval_interval=eval_interval)
-    config = RunConfig(rollout=rollout_config, train=LoopConfig(debug_rollout_only=True))
+    config = RunConfig(rollout=rollout_config, train=TrainConfig(debug_rollout_only=True))
     router_ref = await spawn(router)
     buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=8), groups_per_step=batch))
     rollout = await spawn(RolloutActor(rollout_config, router=router_ref, buffer=buffer, dataset=Prompts(prompts),

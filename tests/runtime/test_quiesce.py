@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from actors.loop.config import LoopConfig
+from actors.loop.config import TrainConfig
 from slime_async.quiesce import QUIESCE_MODES, check_mode, engine_pause_mode, leaves_engine_idle
 
 
@@ -29,7 +29,7 @@ def test_an_unknown_mode_is_one_line_naming_where_it_came_from():
 
 
 def test_the_old_name_pause_is_accepted_as_drain_with_one_warning(caplog):
-    config = LoopConfig(weight_update_mode="pause")
+    config = TrainConfig(weight_update_mode="pause")
     with caplog.at_level(logging.WARNING):
         config.validate()
     assert config.weight_update_mode == "drain"

@@ -1,4 +1,4 @@
-"""The optimizer part of colocated offload (actors/trainer/colocate.py): Adam's moments and the
+"""The optimizer part of colocated offload (actors/trainer/residency.py): Adam's moments and the
 fp32 main params move; a model param the optimizer updates in place stays where its DDP buffer
 keeps it (megatron-core's own offload_to_cpu moved it out of the buffer: the first GPU run
 failed on the next export with model params on the host)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from actors.trainer.colocate import HostCopies, move_optimizer_state
+from actors.trainer.residency import HostCopies, move_optimizer_state
 
 
 class _Chained:  # megatron-core's ChainedOptimizer shape: .chained_optimizers[i].optimizer

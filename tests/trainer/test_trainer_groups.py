@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 import actors.trainer.actor as trainer_actor
+import actors.trainer.torchrun as torchrun
 from actors.trainer.actor import TrainerActor
 from actors.trainer.torchrun import TorchrunGroup, TrainerRankDied
-from actors.trainer.config import TrainerConfig
-from actors.trainer.protocol import RankInfo, TrainerOpError
+from actors.megatron.config import TrainerConfig
+from actors.megatron.protocol import RankInfo, TrainerOpError
 from slime_async.actor import ActorFailed, spawn
 from slime_async.cluster.nodes import LocalNode
 from slime_async.process import ProcessChild, ProcessSpec
@@ -130,7 +131,8 @@ def stand_ins(tmp_path, monkeypatch) -> StandIns:
                                    stop_timeout=30.0)
 
     monkeypatch.setattr(TrainerActor, "_spec", spec)
-    monkeypatch.setattr(trainer_actor, "_DEATH_REPORT_GRACE", 0.3)  # the stand-ins never write a summary
+    # The stand-ins never write a summary: the groups wait for one briefly.
+    monkeypatch.setattr(torchrun, "DEATH_REPORT_GRACE", 0.3)
     return found
 
 

@@ -104,7 +104,7 @@ class DeltaReceiver:
                     raise codec.DeltaDecodeError(f"{meta.name}: a full transfer carries raw tensors, got {encoding!r}")
                 if pending is not None:
                     await pending
-                pending = asyncio.ensure_future(self._decode_into(tensors, metas, meta, encoding, payload))
+                pending = asyncio.create_task(self._decode_into(tensors, metas, meta, encoding, payload))
             else:
                 raise wire.WireError("stream ended without its 'end' frame")
             if pending is not None:

@@ -16,6 +16,7 @@ from typing import Any
 from slime_async.compat.slime.services import services_of
 from slime_async.compat.slime.utils.misc import load_function
 from slime_async.sample import Sample
+from slime_async.task_group import gather_or_cancel
 
 
 async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
@@ -34,7 +35,7 @@ async def batched_async_rm(args: Any, samples: list[Sample], **kwargs: Any) -> l
     path = getattr(args, "custom_rm_path", None)
     if path:
         return list(await _maybe_await(load_function(path)(args, samples, **kwargs)))
-    return list(await asyncio.gather(*(async_rm(args, sample, **kwargs) for sample in samples)))
+    return await gather_or_cancel(*(async_rm(args, sample, **kwargs) for sample in samples))
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -1,6 +1,7 @@
-"""One trainer rank's side of colocated training (--colocate): device residency and tensor export.
+"""Where one trainer rank's state lives, and its weights as IPC handles (the tensor transport's
+trainer half: actors/weight_sync/tensor.py).
 
-The engines and the trainer time-share the devices. While the engines generate, the trainer's
+Colocated (--colocate), the engines and the trainer time-share the devices. While the engines generate, the trainer's
 state sits in host memory (``offload``); before it trains it comes back (``onload``). Parts:
 ``optimizer`` (Adam's moments and the fp32 main params, ``move_optimizer_state``, into pinned
 host buffers kept across steps), ``grads`` and ``params`` (the DDP buffers' ``offload_to_cpu``:
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 PARTS = ("optimizer", "grads", "params")
 
 
-class ColocatedRank:
+class DeviceResidency:
     """Mixin of the policy's rank (TrainerOps): uses its ``ddp``, ``optimizer``, ``weights``
     (bucket size and engine dtype), ``ref_state`` and ``_refuse_non_finite_weights``."""
 
