@@ -222,37 +222,31 @@ class HttpFront:
         name, logprobs = self.model.name, chat.sampling.logprobs
         streams = [TextStream(spec.stop) for spec in specs]
         sent = [0] * len(specs)
-        done: dict[int, ChoiceOut] = {}
         first = {"role": "assistant", "content": ""}
         for index in range(len(specs)):
             await _send(response, chat_chunk(request_id, name, index, first) | {"prompt_token_ids": prompt})
-        try:
-            async with contextlib.aclosing(self._events(session, specs)) as events:
-                async for index, completion, final in events:
-                    spec = specs[index]
-                    if chat.parse_tools and not final:
-                        continue  # a tool call is only known whole: sent with the last chunk
-                    choice = self._choice(completion, spec, chat.parse_tools, logprobs)
-                    if chat.parse_tools:
-                        delta: dict[str, Any] = {"content": choice.text} if choice.text else {}
-                        if choice.tool_calls:
-                            delta["tool_calls"] = [call.to_openai(index=k)
-                                                   for k, call in enumerate(choice.tool_calls)]
-                    else:
-                        text = choice.text if final else self._decode(completion, spec)
-                        delta = {"content": streams[index].delta(text, final)}
-                    tokens = (sent[index], len(completion.output_ids))
-                    sent[index] = tokens[1]
-                    finish = finish_reason(choice) if final else None
-                    await _send(response, chat_chunk(request_id, name, index, delta, choice=choice, tokens=tokens,
-                                                     logprobs=logprobs, finish=finish))
-                    if final:
-                        done[index] = choice
-        except Exception as error:  # noqa: BLE001
-            await _send(response, self._stream_error(error))
-            await response.write(b"data: [DONE]\n\n")
+
+        def chunk_of(index: int, completion: Completion, final: bool) -> tuple[dict, ChoiceOut] | None:
+            spec = specs[index]
+            if chat.parse_tools and not final:
+                return None  # a tool call is only known whole: sent with the last chunk
+            choice = self._choice(completion, spec, chat.parse_tools, logprobs)
+            if chat.parse_tools:
+                delta: dict[str, Any] = {"content": choice.text} if choice.text else {}
+                if choice.tool_calls:
+                    delta["tool_calls"] = [call.to_openai(index=k) for k, call in enumerate(choice.tool_calls)]
+            else:
+                text = choice.text if final else self._decode(completion, spec)
+                delta = {"content": streams[index].delta(text, final)}
+            tokens = (sent[index], len(completion.output_ids))
+            sent[index] = tokens[1]
+            finish = finish_reason(choice) if final else None
+            return chat_chunk(request_id, name, index, delta, choice=choice, tokens=tokens, logprobs=logprobs,
+                              finish=finish), choice
+
+        choices = await self._stream_events(response, session, specs, chunk_of)
+        if choices is None:
             return response, None
-        choices = [done[i] for i in range(len(specs))]
         if chat.sampling.include_usage:
             await _send(response, usage_chunk(request_id, name, "chat.completion.chunk", prompt, choices))
         await response.write(b"data: [DONE]\n\n")
@@ -301,29 +295,46 @@ class HttpFront:
         sampling, name = parsed.sampling, self.model.name
         streams = [TextStream(spec.stop) for spec in specs]
         sent = [0] * len(specs)
-        done: dict[int, ChoiceOut] = {}
-        try:
-            async with contextlib.aclosing(self._events(session, specs)) as events:
-                async for index, completion, final in events:
-                    choice = self._choice(completion, specs[index], False, sampling.logprobs)
-                    text = choice.text if final else self._decode(completion, specs[index])
-                    tokens = (sent[index], len(completion.output_ids))
-                    sent[index] = tokens[1]
-                    await _send(response, completions_chunk(
-                        request_id, name, index, streams[index].delta(text, final), choice=choice, tokens=tokens,
-                        logprobs=sampling.logprobs, finish=finish_reason(choice) if final else None))
-                    if final:
-                        done[index] = choice
-        except Exception as error:  # noqa: BLE001
-            await _send(response, self._stream_error(error))
-            await response.write(b"data: [DONE]\n\n")
+
+        def chunk_of(index: int, completion: Completion, final: bool) -> tuple[dict, ChoiceOut]:
+            choice = self._choice(completion, specs[index], False, sampling.logprobs)
+            text = choice.text if final else self._decode(completion, specs[index])
+            tokens = (sent[index], len(completion.output_ids))
+            sent[index] = tokens[1]
+            return completions_chunk(request_id, name, index, streams[index].delta(text, final), choice=choice,
+                                     tokens=tokens, logprobs=sampling.logprobs,
+                                     finish=finish_reason(choice) if final else None), choice
+
+        choices = await self._stream_events(response, session, specs, chunk_of)
+        if choices is None:
             return response, None
-        choices = [done[i] for i in range(len(specs))]
         if sampling.include_usage:
             await _send(response, usage_chunk(request_id, name, "text_completion", [t for p in prompts for t in p],
                                               choices))
         await response.write(b"data: [DONE]\n\n")
         return response, [c.completion for c in choices]
+
+    async def _stream_events(self, response: web.StreamResponse, session: _Session, specs: list[CompletionSpec],
+                             chunk_of: Callable[[int, Completion, bool], tuple[dict, ChoiceOut] | None]
+                             ) -> list[ChoiceOut] | None:
+        """Run the completions of a streamed request, sending the chunk ``chunk_of`` makes of each
+        event (None: nothing to send yet); the final choices in order. A failure is sent as the
+        stream's last chunk, in the API's error format, then ``[DONE]``: None."""
+        done: dict[int, ChoiceOut] = {}
+        try:
+            async with contextlib.aclosing(self._events(session, specs)) as events:
+                async for index, completion, final in events:
+                    made = chunk_of(index, completion, final)
+                    if made is None:
+                        continue
+                    await _send(response, made[0])
+                    if final:
+                        done[index] = made[1]
+        except Exception as error:  # noqa: BLE001 - the client gets it in the stream
+            await _send(response, self._stream_error(error))
+            await response.write(b"data: [DONE]\n\n")
+            return None
+        return [done[i] for i in range(len(specs))]
 
     # ----- generation -------------------------------------------------------------------------
     def _specs(self, prompt: list[int], sampling: Sampling, n: int) -> list[CompletionSpec]:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from actors.router.completion import Completion, CompletionSpec
 from slime_async.engine_client import check_sampling_params
+from slime_async.generate_request import per_request
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 
@@ -69,9 +70,9 @@ def parse_generate(body: Any, encode: Callable[[str], list[int]]) -> tuple[list[
     else:
         raise NativeError("one of text or input_ids is required")
     n = len(prompts)
-    sampling = _per_prompt(body.get("sampling_params"), n, "sampling_params", dict)
-    logprob_flags = _per_prompt(body.get("return_logprob"), n, "return_logprob", bool)
-    rids = _per_prompt(body.get("rid"), n, "rid", str)
+    sampling = per_request(body.get("sampling_params"), n, "sampling_params", dict, NativeError)
+    logprob_flags = per_request(body.get("return_logprob"), n, "return_logprob", bool, NativeError)
+    rids = per_request(body.get("rid"), n, "rid", str, NativeError)
     items = []
     for i, ids in enumerate(prompts):
         where = f"sampling_params[{i}]" if is_batch else "sampling_params"
@@ -131,14 +132,3 @@ def generate_response(item: NativeItem, completion: Completion, text: str, *, fi
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(completion.logprobs, completion.output_ids)]
         meta["input_token_logprobs"] = []
     return {"text": text, "output_ids": list(completion.output_ids), "meta_info": meta}
-
-
-def _per_prompt(value: Any, n: int, name: str, kind: type) -> list[Any]:
-    """SGLang lets batch fields be one value for all prompts or a list with one per prompt."""
-    if isinstance(value, list) and kind is not list:
-        if len(value) != n:
-            raise NativeError(f"{name} has {len(value)} entries for a batch of {n}")
-        return value
-    if value is not None and not isinstance(value, kind):
-        raise NativeError(f"{name} must be {kind.__name__} or a list of them, got {value!r}")
-    return [value] * n

@@ -284,12 +284,13 @@ async def test_control_endpoints_use_sglang_methods_and_bodies(engine, client):
 
 @pytest.mark.asyncio
 async def test_weight_update_endpoints_send_sglang_request_fields(engine, client):
-    await client.update_weights_from_disk("/ckpt/step_3", weight_version="3")
+    await client.update_weights_from_disk("/ckpt/step_3", weight_version="3", flush_cache=False)
     await client.init_weights_update_group("127.0.0.1", 29500, 1, 2, "g", "gloo")
     await client.update_weights_from_distributed(["w"], ["float32"], [[2, 2]], "g", weight_version="4")
     await client.destroy_weights_update_group("g")
     bodies = {s.path: s.body for s in engine.seen}
-    assert bodies["/update_weights_from_disk"] == {"model_path": "/ckpt/step_3", "weight_version": "3"}
+    assert bodies["/update_weights_from_disk"] == {"model_path": "/ckpt/step_3", "weight_version": "3",
+                                                   "flush_cache": False}
     assert bodies["/init_weights_update_group"] == {
         "master_address": "127.0.0.1",
         "master_port": 29500,

@@ -21,12 +21,14 @@ class Engine:
 
     def __init__(self) -> None:
         self.loaded: dict[str, dict[str, torch.Tensor]] = {}
+        self.flushes: dict[str, bool] = {}  # version -> whether the sender let the engine flush its cache
         self.refuse: str | None = None
 
-    async def load(self, tensors: dict[str, torch.Tensor], version: str) -> str | None:
+    async def load(self, tensors: dict[str, torch.Tensor], version: str, flush_cache: bool) -> str | None:
         if self.refuse:
             raise LoadRejected(self.refuse)
         self.loaded[version] = tensors
+        self.flushes[version] = flush_cache
         return None
 
 
@@ -83,6 +85,16 @@ async def test_the_first_transfer_is_full_and_the_next_a_bit_exact_delta(version
     assert receiver.state() == {"weight_version": "2", "checksum": v2.checksum}
 
 
+async def test_the_sender_says_whether_the_engine_may_flush_its_prefix_cache(versions: list[Snapshot]) -> None:
+    # An engine holding requests in place must not flush (SGLang asserts, and exits, on such a flush).
+    engine, sender = Engine(), DeltaSender()
+    v1, v2, _ = versions
+    async with serve(DeltaReceiver(), engine) as url, aiohttp.ClientSession() as session:
+        await sender.push(session, url, v1, None)
+        await sender.push(session, url, v2, v1, flush_cache=False)
+    assert engine.flushes == {"1": True, "2": False}
+
+
 async def test_a_restarted_receiver_gets_a_full_transfer(versions: list[Snapshot]) -> None:
     engine, sender = Engine(), DeltaSender()
     v1, v2, v3 = versions
@@ -116,7 +128,7 @@ async def test_a_delta_against_a_base_the_receiver_does_not_hold_is_refused(vers
     v1, v2, v3 = versions
     async with serve(receiver, engine) as url, aiohttp.ClientSession() as session:
         await sender.push(session, url, v1, None)
-        status, answer, _ = await sender._post(session, url, v3, v2, None, 30.0)
+        status, answer, _ = await sender._post(session, url, v3, v2, None, 30.0, True)
     assert (status, answer["reason"]) == (409, "base_mismatch")
     assert receiver.state()["weight_version"] == "1" and "3" not in engine.loaded
 

@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from slime_async.generate_request import per_request
+
 if TYPE_CHECKING:  # avoid a runtime cycle: the scheduler imports SamplingParams from here
     from actors.engine.cpu.scheduler import Request
 
@@ -166,9 +168,9 @@ def parse_generate(
     is_batch = isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], list)
     prompt_list = prompts if is_batch else [prompts]
     n = len(prompt_list)
-    sampling = _per_item(body.get("sampling_params"), n, "sampling_params", dict)
-    logprob_flags = _per_item(body.get("return_logprob"), n, "return_logprob", bool)
-    rids = _per_item(body.get("rid"), n, "rid", str)
+    sampling = per_request(body.get("sampling_params"), n, "sampling_params", dict, BadRequest)
+    logprob_flags = per_request(body.get("return_logprob"), n, "return_logprob", bool, BadRequest)
+    rids = per_request(body.get("rid"), n, "rid", str, BadRequest)
     items = []
     for i, ids in enumerate(prompt_list):
         where = f"input_ids[{i}]: " if is_batch else ""
@@ -247,14 +249,3 @@ def version_segments(marks: list[tuple[int, str]], n_tokens: int) -> list[list[A
     end; the rollout records per-token versions from it)."""
     ends = [start for start, _ in marks[1:]] + [n_tokens]
     return [[version, end - start] for (start, version), end in zip(marks, ends) if end > start]
-
-
-def _per_item(value: Any, n: int, name: str, kind: type) -> list[Any]:
-    """SGLang lets batch fields be one value for all requests or a list with one per request."""
-    if isinstance(value, list) and kind is not list:
-        if len(value) != n:
-            raise BadRequest(f"{name} has {len(value)} entries for a batch of {n}")
-        return value
-    if value is not None and not isinstance(value, kind):
-        raise BadRequest(f"{name} must be {kind.__name__} or a list of them, got {value!r}")
-    return [value] * n
