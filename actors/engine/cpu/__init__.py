@@ -2,6 +2,8 @@
 
 Modules, from the outside in:
   server.py        aiohttp routes (SGLang's endpoints) and `main`; `python -m actors.engine.cpu`
+  weights.py       the weight-update and memory-occupation routes (a part of the server)
+  http_json.py     JSON bodies in and out of the routes
   protocol.py      /generate wire format: request parsing/validation, response shaping
   scheduler.py     continuous batching on a dedicated thread; abort, pause, weight swap
   prefix_cache.py  LRU cache of finished sequences' KV for multi-turn / group prompts
