@@ -4,8 +4,10 @@
 HF-format causal LM on CPU with the endpoints, request and response shapes of SGLang's
 http_server (the subset slime-async relies on, see DESIGN.md "Engines"). This module only
 parses, validates and shapes JSON; the weight-update and memory routes are in weights.py,
-batching lives in scheduler.py and the model in model_runner.py. Bad input is answered with HTTP 400 and `{"error": {"message": ...}}` as
-SGLang does.
+batching lives in scheduler.py and the model in model_runner.py. Bad input is answered with
+HTTP 400 and `{"error": {"message": ...}}` as SGLang does. Control requests SGLang's scheduler
+dies on are refused with its error, or end the process with --strict-sglang-preconditions
+(preconditions.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from actors.engine.cpu.http_json import read_json as _read_json
 from actors.engine.cpu.http_json import require as _require
 from actors.engine.cpu.memory import MemoryOccupation
 from actors.engine.cpu.model_runner import ModelRunner
+from actors.engine.cpu.preconditions import Preconditions
 from actors.engine.cpu.protocol import BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate
 from actors.engine.cpu.scheduler import PAUSE_MODES, REFUSED, Request, Scheduler, SchedulerConfig
 from actors.engine.cpu.weights import WeightRoutes
@@ -41,10 +44,14 @@ logger = logging.getLogger("cpu_engine")
 
 VERSION = "slime-async-cpu-engine/0.1"
 HEALTH_CHECK_TIMEOUT_S = 20.0
+# SGLang's /flush_cache answers (entrypoints/http_server.py).
+FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "
+           "(When there are running or waiting requests, the operation will not be performed.)\n")
+FLUSH_FAILED = "Flush cache failed.\n"
 
 
 class EngineServer(WeightRoutes):
-    """Routes of one engine; owns the scheduler and the weight-update groups."""
+    """Routes of one engine; owns the scheduler, the weight-update groups and the preconditions."""
 
     def __init__(self, args: EngineArgs, runner: ModelRunner, tokenizer: Any | None) -> None:
         self.args = args
@@ -52,9 +59,11 @@ class EngineServer(WeightRoutes):
         self.tokenizer = tokenizer
         self.model_path = runner.model_path
         self.weight_version = args.weight_version
+        # What SGLang dies on: refused and counted, or (strict) the end of this process.
+        self.preconditions = Preconditions(strict=args.strict_sglang_preconditions)
         # Colocated training: which memory regions are released (actors/engine/cpu/memory.py);
         # the scheduler asks it before every admission.
-        self.memory = MemoryOccupation(runner)
+        self.memory = MemoryOccupation(runner, self.preconditions)
         self.scheduler = Scheduler(
             runner,
             SchedulerConfig(
@@ -63,6 +72,7 @@ class EngineServer(WeightRoutes):
                 prefix_cache_max_tokens=args.prefix_cache_max_tokens,
             ),
             refusal=self.memory.refusal,
+            preconditions=self.preconditions,
         )
         self.scheduler.weight_version = self.weight_version  # before its thread starts
         # Tells this process from a restart on the same port: a restarted engine has lost its
@@ -74,6 +84,8 @@ class EngineServer(WeightRoutes):
         self._model_update_lock = aiorwlock.RWLock()
         # Held across "is it paused?" and the swap that follows, so a continue cannot slip in.
         self._pause_lock = asyncio.Lock()
+        # SGLang's tokenizer sends one /flush_cache at a time (its communicator queues callers).
+        self._flush_lock = asyncio.Lock()
         self._init_weight_routes()
 
     def app(self) -> web.Application:
@@ -169,7 +181,9 @@ class EngineServer(WeightRoutes):
             f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], SamplingParams(temperature=0.0, max_new_tokens=1), False
         )
         try:
-            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S):
+            # SGLang's health check is a /generate: it holds the read side too, so a weight swap
+            # never finds it in the scheduler (where a flush after the update would fail).
+            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S), self._model_update_lock.reader_lock:
                 req = await self._run(item)
         except TimeoutError:
             return web.Response(status=503)
@@ -191,8 +205,13 @@ class EngineServer(WeightRoutes):
         )
 
     async def get_server_info(self, _request: web.Request) -> web.Response:
-        stats = await self._control(lambda: {
-            **vars(self.scheduler.stats), "last_gen_throughput": self.scheduler.loads()["gen_throughput"]})
+        def internal_state() -> dict[str, Any]:
+            loads = self.scheduler.loads()
+            return {**vars(self.scheduler.stats), "last_gen_throughput": loads["gen_throughput"],
+                    "num_held_reqs": loads["num_held_reqs"], "pause_mode": loads["pause_mode"],
+                    "flush_pending": loads["flush_pending"]}
+
+        stats = await self._control(internal_state)
         return _json(
             {
                 "model_path": self.model_path,
@@ -213,6 +232,9 @@ class EngineServer(WeightRoutes):
                 "instance_id": self.instance_id,
                 "pid": os.getpid(),
                 "weights_update_group_inits": self.group_inits,
+                # Requests SGLang 0.5.17 would have died on, refused (preconditions.py), by name.
+                "strict_sglang_preconditions": self.preconditions.strict,
+                "precondition_violations": self.preconditions.counts(),
                 "internal_states": [stats],
                 "version": VERSION,
             }
@@ -270,24 +292,23 @@ class EngineServer(WeightRoutes):
     # ---- control ------------------------------------------------------------------------
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        # Unlike a GPU radix cache, flushing here never touches running sequences (they own
-        # their KV), so it is always safe. ``?timeout=T`` is SGLang's deferred flush: the answer
-        # waits until no request is running or waiting (up to T seconds), which callers use as
-        # an idle barrier (colocated training releases memory after it).
+        """SGLang's /flush_cache: never fatal; 400 "Flush cache failed." unless the scheduler is
+        fully idle. ``?timeout=T`` defers the flush until it is idle (at most T seconds), which
+        callers use as an idle barrier before a release or a flushing update."""
         try:
             wait_s = float(request.query.get("timeout", 0.0))
         except ValueError:
             return _error(f"flush_cache: timeout must be a number of seconds, got {request.query['timeout']!r}")
-        deadline = time.monotonic() + wait_s
-        while wait_s > 0:
-            loads = await self._control(self.scheduler.loads)
-            if not (loads["num_running_reqs"] or loads["num_waiting_reqs"]):
-                break
-            if time.monotonic() >= deadline:
-                return _error("Timed out waiting for idle state.")
-            await asyncio.sleep(0.01)
-        await self._control(self.scheduler.flush_cache)
-        return web.Response(text="Cache flushed.\n", status=200)
+        if not wait_s >= 0:
+            return _error(f"flush_cache: timeout must be >= 0, got {request.query['timeout']!r}")
+        async with self._flush_lock:
+            answer = await self._control(lambda: self.scheduler.request_flush(wait_s))
+            # A caller that hangs up leaves its deferred flush pending in the scheduler, as in
+            # SGLang: the next one is told "Another flush_cache is already in progress."
+            success, message = await asyncio.shield(asyncio.wrap_future(answer))
+        if success:
+            return web.Response(text=FLUSHED, status=200)
+        return web.Response(text=message or FLUSH_FAILED, status=400)
 
     async def abort_request(self, request: web.Request) -> web.Response:
         try:

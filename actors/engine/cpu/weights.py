@@ -11,7 +11,10 @@
   and the delta transport's loader (slime_async/weight_delta/receiver.py calls ``_load_delta``).
 
 A mixin of EngineServer (server.py), which owns the scheduler, the memory state and the locks;
-staging and checks are the model runner's, the swap runs on the scheduler thread.
+staging and checks are the model runner's, the swap runs on the scheduler thread. The requests
+SGLang's scheduler dies on (a flush after an update while not idle, a release while not idle, a
+resume of memory not released, an unknown or unnamed group, a tensor update its loader raises
+on) are refused with SGLang's error or end the process (preconditions.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from actors.engine.cpu.http_json import require as _require
 from actors.engine.cpu.memory import TAGS as MEMORY_TAGS
 from actors.engine.cpu.memory import MemoryOccupation, MemoryStateError
 from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
+from actors.engine.cpu.preconditions import PreconditionViolation, Preconditions
 from actors.engine.cpu.protocol import BadRequest
 from actors.engine.cpu.scheduler import Scheduler
 from slime_async import flat_bucket
@@ -56,6 +60,7 @@ class WeightRoutes:
     runner: ModelRunner
     scheduler: Scheduler
     memory: MemoryOccupation
+    preconditions: Preconditions
     model_path: str
     weight_version: str
     _model_update_lock: aiorwlock.RWLock
@@ -106,49 +111,69 @@ class WeightRoutes:
             tags = body.get("tags") or list(MEMORY_TAGS)
             if not isinstance(tags, list) or any(tag not in MEMORY_TAGS for tag in tags):
                 raise MemoryStateError(f"tags must be a list of {list(MEMORY_TAGS)}, got {body.get('tags')!r}")
-            # Not the model-update writer lock: a busy engine refuses the release (as SGLang's
-            # does) rather than waiting, and the scheduler refuses later admissions itself.
+            # Not the model-update writer lock: a busy engine refuses the release (SGLang's dies)
+            # rather than waiting, and the scheduler refuses later admissions itself.
             async with self._update_lock:  # never between the buckets of a weight update
                 if what == "release":
                     message = await self._control(
                         lambda: self.memory.release(tags, self.scheduler.loads(), self.scheduler.flush_cache))
                 else:
                     message = await self._control(lambda: self.memory.resume(tags))
-        except MemoryStateError as error:
+        except (MemoryStateError, PreconditionViolation) as error:
             logger.error("memory: %s refused: %s", what, error)
             return _json({"success": False, "message": str(error)}, status=400)
         logger.info("memory: %s", message)
         return _json({"success": True, "message": message})
 
+    # ---- weight updates -----------------------------------------------------------------
+
     async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
+        """One payload per TP rank (slime_async.tensor_ipc; the CPU engine has one rank)."""
         try:
             body = await _memory_body(request)
             payloads = body.get("serialized_named_tensors")
-            if not isinstance(payloads, list) or len(payloads) != 1 or not isinstance(payloads[0], str):
-                raise WeightUpdateError("serialized_named_tensors must be a list of one base64 payload per TP "
-                                        f"rank (the CPU engine has 1), got {type(payloads).__name__} of "
-                                        f"{len(payloads) if isinstance(payloads, list) else '?'}")
-            if body.get("load_format") not in (None, "direct"):
-                raise WeightUpdateError(f"load_format {body['load_format']!r}: the CPU engine takes (name, tensor) "
-                                        "lists (none or 'direct')")
+            if not isinstance(payloads, list) or not all(isinstance(p, str) for p in payloads):
+                raise WeightUpdateError("serialized_named_tensors must be a list of base64 payloads, one per TP "
+                                        f"rank, got {type(payloads).__name__}")
+            if not payloads:  # each TP rank indexes the list with its rank
+                self.preconditions.violated(
+                    "update_weights_from_tensor_payloads", IndexError("list index out of range"),
+                    "serialized_named_tensors holds 0 payloads for 1 TP rank")
+            if len(payloads) > 1:  # SGLang reads payload 0 and ignores the rest; refused here, a layout bug
+                raise WeightUpdateError(f"serialized_named_tensors must hold one base64 payload per TP rank (the "
+                                        f"CPU engine has 1), got {len(payloads)}")
+            load_format = body.get("load_format")
+            if load_format == "flattened_bucket":
+                raise WeightUpdateError("load_format 'flattened_bucket': the CPU engine takes (name, tensor) lists "
+                                        "(none or 'direct')")
+            if load_format not in (None, "direct"):
+                self.preconditions.violated("update_weights_from_tensor_load",
+                                            NotImplementedError(f"Unknown load_format={load_format}"),
+                                            "not a load format SGLang knows")
             async with self._update_lock:
                 if "weights" in self.memory.released:
                     raise WeightUpdateError("the weights' memory is released: POST /resume_memory_occupation "
                                             "{tags: ['weights']} first")
-                named = await asyncio.to_thread(deserialize_named_tensors, payloads[0])
-                # Where the dtypes match, staged holds the sender's shared memory itself (to() does
-                # not copy): safe because the swap copies it into the model before we answer, and
-                # the sender keeps its tensors alive until then.
-                staged = await asyncio.to_thread(self.runner.stage_partial, named, "update_weights_from_tensor")
+                try:
+                    named = await asyncio.to_thread(deserialize_named_tensors, payloads[0])
+                    # Where the dtypes match, staged holds the sender's shared memory itself (to() does
+                    # not copy): safe because the swap copies it into the model before we answer, and
+                    # the sender keeps its tensors alive until then.
+                    staged = await asyncio.to_thread(self.runner.stage_partial, named, "update_weights_from_tensor")
+                except (WeightUpdateError, TensorPayloadError) as error:
+                    # SGLang's update_weights_from_tensor catches nothing: a payload its unpickler
+                    # refuses or a tensor its loader asserts on ends the server.
+                    self.preconditions.violated("update_weights_from_tensor_load", error,
+                                                "SGLang's tensor loader raises on this payload")
                 await self._swap(staged, body)
-        except (WeightUpdateError, TensorPayloadError, MemoryStateError) as error:
+        except (WeightUpdateError, MemoryStateError) as error:
             logger.error("weights: update_weights_from_tensor refused: %s", error)
             return _json({"success": False, "message": f"Failed to update weights: {error}"}, status=400)
+        except PreconditionViolation as violation:
+            return _json({"success": False, "message": str(violation)}, status=400)
         logger.info("weights: loaded %d tensor(s) from IPC handles%s", len(staged),
                     f", version {body['weight_version']}" if body.get("weight_version") is not None else "")
         return _json({"success": True, "message": "Succeeded to update model weights."})
-
-    # ---- weight updates -----------------------------------------------------------------
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         try:
@@ -165,7 +190,10 @@ class WeightRoutes:
                     {"success": False, "message": f"Failed to update weights: {exc}", "num_paused_requests": 0},
                     status=400,
                 )
-            await self._swap(staged, body)
+            try:
+                await self._swap(staged, body)
+            except PreconditionViolation as violation:
+                return _json({"success": False, "message": str(violation), "num_paused_requests": 0}, status=400)
             self.model_path = model_path
         message = "Succeeded to update model weights."
         return _json({"success": True, "message": self._versioned(message, body), "num_paused_requests": 0})
@@ -178,7 +206,10 @@ class WeightRoutes:
                 staged = await asyncio.to_thread(self.runner.stage, tensors, "weight delta")
             except WeightUpdateError as exc:
                 raise weight_delta.LoadRejected(f"Failed to update weights: {exc}") from exc
-            await self._swap(staged, {"weight_version": version})
+            try:
+                await self._swap(staged, {"weight_version": version})
+            except PreconditionViolation as violation:
+                raise weight_delta.LoadRejected(str(violation)) from violation
         if all(t.dtype == self.runner.dtype for t in tensors.values()):
             return await self._served(sorted(tensors))
         return None
@@ -213,6 +244,12 @@ class WeightRoutes:
             return _json({"success": False, "message": str(exc)}, status=400)
         group_name = body.get("group_name", "weight_update_group")
         backend = body.get("backend", "gloo")
+        if group_name == "":
+            try:
+                self.preconditions.violated("weights_update_group_name", AssertionError("Group name cannot be empty"),
+                                            "init_weights_update_group with group_name ''")
+            except PreconditionViolation as violation:
+                return _json({"success": False, "message": str(violation)}, status=400)
         if backend != "gloo":
             return _json(
                 {"success": False, "message": f"the CPU engine only supports backend 'gloo', got {backend!r}"},
@@ -244,13 +281,14 @@ class WeightRoutes:
         group_name = body.get("group_name", "weight_update_group")
         group = self.groups.get(group_name)
         if group is None:
-            return _json(
-                {
-                    "success": False,
-                    "message": f"no weights update group named {group_name!r}; call /init_weights_update_group first",
-                },
-                status=400,
-            )
+            try:
+                self.preconditions.violated(
+                    "weights_update_group_exists",
+                    AssertionError(f"Group {group_name} not in {list(self.groups)}. "
+                                   "Please call `init_weights_update_group` first."),
+                    f"no weights update group named {group_name!r}")
+            except PreconditionViolation as violation:
+                return _json({"success": False, "message": str(violation)}, status=400)
         load_format = body.get("load_format")
         if load_format not in (None, "flattened_bucket"):
             return _json({"success": False, "message": f"load_format {load_format!r}: the CPU engine receives "
@@ -274,7 +312,10 @@ class WeightRoutes:
                 return _json({"success": False, "message": f"Failed to update weights: {message}"}, status=400)
             if rejection is not None:
                 return _json({"success": False, "message": f"Failed to update weights: {rejection}"}, status=400)
-            await self._swap(dict(zip(names, buffers)), body)
+            try:
+                await self._swap(dict(zip(names, buffers)), body)
+            except PreconditionViolation as violation:
+                return _json({"success": False, "message": str(violation)}, status=400)
         message = "Succeeded to update parameter online."
         return _json({"success": True, "message": self._versioned(message, body)})
 
@@ -297,7 +338,9 @@ class WeightRoutes:
         arriving meanwhile wait for the swap, so no response mixes two weight versions.
         Paused: the swap happens at once; requests paused in place then continue on the new
         weights (their earlier tokens keep the old version's KV). ``abort_all_requests`` ends
-        in-flight requests first instead of waiting for them.
+        in-flight requests first instead of waiting for them (running requests paused in place
+        end only at continue). ``flush_cache`` (default true) needs an idle scheduler: raises
+        PreconditionViolation, or ends the process in strict mode, before anything is applied.
         """
         if body.get("abort_all_requests", False):
             await self._control(lambda: self.scheduler.abort(abort_all=True))
