@@ -281,8 +281,9 @@ async def test_an_engine_that_stays_busy_is_not_released_and_keeps_serving_its_w
 
 
 async def _busy(client: EngineClient) -> asyncio.Future:
-    """A request the router does not know of (another client's), running once this returns."""
-    busy = asyncio.ensure_future(client.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 96,
+    """A request the router does not know of (another client's), running once this returns, for
+    far longer than the 0.05 s deadlines below (96 tokens took less on this machine)."""
+    busy = asyncio.ensure_future(client.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 900,
                                                           "ignore_eos": True}))
     while not (await client.get_loads())["aggregate"]["total_running_reqs"]:
         await asyncio.sleep(0.01)
