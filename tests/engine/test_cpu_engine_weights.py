@@ -408,12 +408,6 @@ async def test_rejected_distributed_updates_keep_old_weights_and_the_group_in_st
     assert served["meta_info"]["weight_version"] == "after-faults"
 
 
-async def test_distributed_update_without_a_group_is_rejected(weights_engine_url, http):
-    update = {"names": [], "dtypes": [], "shapes": [], "group_name": "nope"}
-    status, body = await post(http, weights_engine_url, "/update_weights_from_distributed", update)
-    assert status == 400 and "init_weights_update_group" in body["message"]
-
-
 @pytest.mark.parametrize("make_dir", ["missing", "no-config"])
 def test_engine_start_fails_naming_a_bad_model_dir(tmp_path, make_dir):
     model_dir = tmp_path / "model"
