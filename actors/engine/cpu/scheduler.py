@@ -383,7 +383,10 @@ class Scheduler:
         return self._pending_flush is not None and time.monotonic() >= self._pending_flush[0]
 
     def _flush_wait(self) -> float | None:
-        return None if self._pending_flush is None else max(0.0, self._pending_flush[0] - time.monotonic())
+        if self._pending_flush is None:
+            return None
+        # Capped: Condition.wait refuses a timeout as large as ?timeout=inf.
+        return min(max(0.0, self._pending_flush[0] - time.monotonic()), 60.0)
 
     def _check_pending_flush(self) -> None:
         """SGLang's SchedulerFlushWrapper.check_pending, after every round of controls and steps."""
