@@ -21,8 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from actors.engine.cpu.config import parse_args
 from actors.engine.cpu.local import start_local_engine, stop_local_engine
-from actors.engine.cpu.preconditions import EXIT_CODE
+from actors.engine.cpu.preconditions import EXIT_CODE, STRICT_ENV
 from slime_async.net import free_port
 from slime_async.tensor_ipc import serialize_named_tensors
 from slime_async.weight_delta.sender import DeltaSender, DeltaSyncError, Snapshot
@@ -339,3 +340,15 @@ async def test_the_suites_engines_are_strict_and_the_refusing_one_is_not(engine_
     # tests/conftest.py: a control-plane bug kills the engine in a test, as SGLang dies on a GPU.
     assert (await server_info(http, engine_url))["strict_sglang_preconditions"] is True
     assert (await server_info(http, lenient_engine_url))["strict_sglang_preconditions"] is False
+
+
+def test_the_strict_flag_defaults_to_the_environment_and_an_explicit_flag_wins(monkeypatch):
+    monkeypatch.setenv(STRICT_ENV, "1")
+    assert parse_args(["--model-path", "m"]).strict_sglang_preconditions is True
+    assert parse_args(["--model-path", "m", "--no-strict-sglang-preconditions"]).strict_sglang_preconditions is False
+    monkeypatch.setenv(STRICT_ENV, "0")
+    assert parse_args(["--model-path", "m"]).strict_sglang_preconditions is False
+    assert parse_args(["--model-path", "m", "--strict-sglang-preconditions"]).strict_sglang_preconditions is True
+    monkeypatch.setenv(STRICT_ENV, "maybe")
+    with pytest.raises(SystemExit):  # argparse's error, naming the variable
+        parse_args(["--model-path", "m"])
