@@ -67,6 +67,10 @@ class EngineConfig:
         default=32, metadata=_help("requests the CPU engine batches together; more wait in its queue")
     )
     cpu_engine_threads: int = field(default=0, metadata=_help("torch threads per CPU engine; 0 = torch's default"))
+    cpu_engine_strict_preconditions: bool = field(default=False, metadata=_help(
+        "CPU engines exit, as SGLang 0.5.17's server dies, on a control request SGLang's scheduler asserts on "
+        "(e.g. a flushing weight update while requests run) instead of refusing it with HTTP 400; off: the "
+        "engine's own default ($SLIME_ASYNC_STRICT_SGLANG_PRECONDITIONS, which the test suite sets)"))
     # Filled from --sglang-<field> flags and the [sglang] table by the config loader; forwarded
     # verbatim to sglang.launch_server (not a flag itself).
     sglang: dict[str, object] = field(default_factory=dict, metadata=_help("SGLang ServerArgs pass-through values"))

@@ -37,6 +37,8 @@ def cpu_engine_spec(name: str, model_path: str, host: str, port: int, config: En
             "--port", str(port), "--max-running-requests", str(config.cpu_engine_max_running_requests)]
     if config.cpu_engine_threads:
         argv += ["--num-threads", str(config.cpu_engine_threads)]
+    if config.cpu_engine_strict_preconditions:
+        argv.append("--strict-sglang-preconditions")
     return ProcessSpec(name, argv, ready=http_ready(f"http://{host}:{port}/health"),
                        ready_timeout=config.engine_start_timeout)
 

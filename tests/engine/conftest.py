@@ -18,6 +18,7 @@ from slime_async.process import log_tail
 from examples.models.tiny import build_tiny_model
 
 START_TIMEOUT_S = 120.0
+SHARED_ENGINE_FLAGS = ("--max-running-requests", "2", "--prefix-cache-max-tokens", "64")
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +61,16 @@ def engine_url(tiny_model_dir: Path) -> Iterator[str]:
     It allows 2 running requests and a 64-token prefix cache so that queueing and eviction
     show up with a handful of short requests. Tests that change weights start their own.
     """
-    with run_engine(tiny_model_dir, "--max-running-requests", "2", "--prefix-cache-max-tokens", "64") as url:
+    with run_engine(tiny_model_dir, *SHARED_ENGINE_FLAGS) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def lenient_engine_url(tiny_model_dir: Path) -> Iterator[str]:
+    """Like `engine_url`, but it refuses (HTTP 400, counted) the control requests SGLang dies on
+    instead of exiting as the suite's engines do (tests/conftest.py): for the tests of those
+    refusals. Tests that change its weights put them back."""
+    with run_engine(tiny_model_dir, *SHARED_ENGINE_FLAGS, "--no-strict-sglang-preconditions") as url:
         yield url
 
 

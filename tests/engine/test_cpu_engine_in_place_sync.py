@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -33,13 +33,10 @@ LONG = {"temperature": 0, "max_new_tokens": 96, "ignore_eos": True}
 
 
 @pytest.fixture
-async def restored_engine_url(engine_url: str, tiny_model_dir: Path) -> AsyncIterator[str]:
-    """The shared engine; afterwards it serves the original weights as version "default" again."""
-    yield engine_url
-    async with aiohttp.ClientSession() as http:
-        restore = {"model_path": str(tiny_model_dir), "weight_version": "default"}
-        async with http.post(engine_url + "/update_weights_from_disk", json=restore) as resp:
-            assert resp.status == 200, await resp.text()
+def own_engine_url(start_engine, tiny_model_dir: Path) -> Iterator[str]:
+    """A private engine like the shared one (2 running requests), for a test that may kill it."""
+    with start_engine(tiny_model_dir, "--max-running-requests", "2") as url:
+        yield url
 
 
 async def server_stats(url: str) -> dict:
@@ -103,9 +100,16 @@ def greedy_reference(model_dir: Path, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+# SGLang 0.5.17 dies here: the sync sends /update_weights_from_disk with flush_cache true (the
+# default) while the requests it paused in place run, and the flush after the load asserts an
+# idle scheduler. The CPU engine refuses the update, or exits as SGLang does in the suite's strict
+# mode (tests/conftest.py); hence a private engine. Fixed where the sync sends flush_cache false
+# and flushes once the engines can be idle: then this passes, and the mark goes.
+@pytest.mark.xfail(strict=True, reason="the in_place weight sync sends a flushing update while requests are "
+                   "paused in place: SGLang dies on 'Cache flush failed after updating weights'")
 async def test_an_in_place_sync_keeps_requests_running_and_their_later_tokens_carry_the_new_version(
-        restored_engine_url, tiny_model_dir, other_weights_dir, tmp_path):
-    engine_url, old_dir, new_dir = restored_engine_url, tiny_model_dir, other_weights_dir
+        own_engine_url, tiny_model_dir, other_weights_dir, tmp_path):
+    engine_url, old_dir, new_dir = own_engine_url, tiny_model_dir, other_weights_dir
     router = await spawn(RouterActor(RouterConfig(), [engine_url]))
     trainer = await spawn(ExportingTrainer(new_dir))
     sync = await spawn(WeightSyncActor(trainer, router, "disk", "in_place", tmp_path))

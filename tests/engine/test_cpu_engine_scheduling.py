@@ -44,6 +44,14 @@ async def wait_for_loads(http: aiohttp.ClientSession, url: str, running: int, wa
             await asyncio.sleep(0.01)
 
 
+async def wait_until_held(http: aiohttp.ClientSession, url: str, held: int) -> None:
+    """Until ``held`` requests wait for continue_generation (before the scheduler, as SGLang's
+    tokenizer holds them: no queue of /v1/loads counts them)."""
+    async with asyncio.timeout(60):
+        while (await stats(http, url))["num_held_reqs"] != held:
+            await asyncio.sleep(0.01)
+
+
 def start(http: aiohttp.ClientSession, url: str, prompt: list[int], params: dict, **extra: Any) -> asyncio.Task:
     body = {"input_ids": prompt, "sampling_params": params, **extra}
     return asyncio.create_task(post(http, url, "/generate", body))
@@ -117,7 +125,8 @@ async def test_pause_abort_returns_running_requests_and_holds_new_ones(engine_ur
     await post(http, engine_url, "/pause_generation", {"mode": "abort"})
     assert (await running)["meta_info"]["finish_reason"]["type"] == "abort"
     held = start(http, engine_url, [72, 73], {"max_new_tokens": 2, "ignore_eos": True})
-    await wait_for_loads(http, engine_url, running=0, waiting=1)
+    await wait_until_held(http, engine_url, held=1)
+    assert await loads(http, engine_url) == (0, 0)
     await post(http, engine_url, "/continue_generation")
     assert len((await held)["output_ids"]) == 2
 
@@ -143,7 +152,8 @@ async def test_pause_retract_requeues_running_requests_and_resumes_them(engine_u
     retracted_before = (await stats(http, engine_url))["num_retracted"]
     await post(http, engine_url, "/pause_generation", {"mode": "retract"})
     assert await loads(http, engine_url) == (0, 1)
-    await post(http, engine_url, "/flush_cache")  # resume must recompute its KV from scratch
+    # Its KV is freed, not cached: continuing re-prefills prompt + tokens so far (a flush would
+    # fail here, the retracted request waits in the queue: test_cpu_engine_preconditions.py).
     await post(http, engine_url, "/continue_generation")
     out = await task
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 300}

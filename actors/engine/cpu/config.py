@@ -10,6 +10,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from actors.engine.cpu.preconditions import strict_from_env
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -37,6 +39,8 @@ class EngineArgs:
     weight_version_segments: bool = True
     # SGLang's server arg: each stream chunk holds only its new tokens (default: everything so far).
     incremental_streaming_output: bool = False
+    # A control request SGLang 0.5.17 dies on: exit as it does (True) or refuse it with HTTP 400.
+    strict_sglang_preconditions: bool = False
 
     def validate(self) -> None:
         check_model_dir(self.model_path)
@@ -89,4 +93,20 @@ def parse_args(argv: list[str] | None) -> EngineArgs:
                              "each output token); a stream's chunks still name the version each was built under")
     parser.add_argument("--incremental-streaming-output", action="store_true",
                         help="SGLang's flag: each chunk of a streamed /generate holds only its new tokens")
-    return EngineArgs(**vars(parser.parse_args(argv)))
+    parser.add_argument(
+        "--strict-sglang-preconditions",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="on a control request SGLang 0.5.17's scheduler dies on (a flushing weight update or a memory "
+        "release while requests run or wait, a resume of memory not released, an unknown weights update group: "
+        "actors/engine/cpu/preconditions.py), log SGLang's error and exit with code 70 as SGLang's server dies, "
+        "instead of refusing it with HTTP 400; default: $SLIME_ASYNC_STRICT_SGLANG_PRECONDITIONS (1 or 0, "
+        "the test suite sets 1), else off",
+    )
+    parsed = parser.parse_args(argv)
+    if parsed.strict_sglang_preconditions is None:
+        try:
+            parsed.strict_sglang_preconditions = strict_from_env()
+        except ValueError as exc:
+            parser.error(str(exc))
+    return EngineArgs(**vars(parsed))

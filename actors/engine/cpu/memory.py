@@ -7,7 +7,9 @@ only keeps the state and its rules.
 Released weights are really freed (the process's memory drops) and come back as zeros: the
 engine refuses to generate while any region is released, and after a resume until every
 weight has been loaded again, so it never serves half-updated or undefined weights. Release
-needs an idle engine, as SGLang's does (its scheduler asserts ``is_fully_idle``).
+needs a fully idle scheduler and resume a released tag, as SGLang's do (its scheduler asserts
+``is_fully_idle``, and removes each tag from a set, KeyError if absent); both are preconditions
+SGLang dies on (preconditions.py).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from actors.engine.cpu.model_runner import ModelRunner
+from actors.engine.cpu.preconditions import Preconditions
 from slime_async.memory_stats import peak_rss_bytes, rss_bytes
 
-# SGLang's GPU_MEMORY_ALL_TYPES; the CPU engine has no CUDA graphs, so that tag frees nothing.
-TAGS = ("weights", "kv_cache", "cuda_graph")
+# SGLang's GPU_MEMORY_ALL_TYPES, in its order (what no tags means); the CPU engine has no CUDA
+# graphs, so that tag frees nothing.
+TAGS = ("kv_cache", "weights", "cuda_graph")
 
 
 class MemoryStateError(ValueError):
@@ -34,15 +38,20 @@ class MemoryOccupation:
     sees one state or the other, not a set changing under its iteration.
     """
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, preconditions: Preconditions | None = None) -> None:
         self.runner = runner
+        self.preconditions = preconditions or Preconditions()
         self.released: frozenset[str] = frozenset()
 
     def release(self, tags: list[str], loads: dict[str, Any], flush_cache: Any) -> str:
         """Free ``tags`` (scheduler thread); ``loads`` is the scheduler's, ``flush_cache`` empties its prefix cache."""
-        if loads["num_running_reqs"] or loads["num_waiting_reqs"]:
-            raise MemoryStateError(f"release_memory_occupation needs an idle engine: {loads['num_running_reqs']} "
-                                   f"running, {loads['num_waiting_reqs']} waiting requests (abort them first)")
+        if not loads["fully_idle"]:
+            self.preconditions.violated(
+                "release_memory_occupation_idle",
+                AssertionError("release_memory_occupation should be called only when server is idle."),
+                f"{loads['num_running_reqs']} running and {loads['num_waiting_reqs']} waiting request(s)"
+                f"{', generation paused' if loads['paused'] else ''}; abort them, then /flush_cache?timeout=T "
+                "answers once the scheduler is idle")
         again = sorted(set(tags) & self.released)
         if again:
             raise MemoryStateError(f"memory already released: {', '.join(again)}")
@@ -58,9 +67,12 @@ class MemoryOccupation:
 
     def resume(self, tags: list[str]) -> str:
         """Allocate ``tags`` again (scheduler thread); the weights stay unservable until all are loaded."""
-        missing = sorted(set(tags) - self.released)
+        missing = [tag for tag in tags if tag not in self.released]
         if missing:
-            raise MemoryStateError(f"memory not released, cannot resume: {', '.join(missing)}")
+            self.preconditions.violated(
+                "resume_memory_occupation_released", KeyError(missing[0]),
+                f"memory not released, cannot resume: {', '.join(missing)} (released: "
+                f"{', '.join(sorted(self.released)) or 'nothing'})")
         if "weights" in tags:
             self.runner.resume_weights()
         self.released = self.released - frozenset(tags)

@@ -1,7 +1,7 @@
 """Continuous-batching scheduler of the CPU engine; knows nothing of HTTP.
 
 One dedicated thread owns every piece of scheduling state (waiting queue, running batch,
-prefix cache, pause flag) and alternates between
+prefix cache, pause flags) and alternates between
   1. control operations posted with `call` (abort, pause, weight swap, stats ...), and
   2. one engine step: admit waiting requests (prefill each, reusing a cached prefix), then
      one batched decode over everything running.
@@ -9,6 +9,9 @@ A request that arrives while others decode therefore joins the batch at the next
 and a finished one leaves it at once. Callers on other threads only `submit` requests and
 `call` functions; results come back through each request's `on_finish` callback, invoked
 on the scheduler thread.
+
+Pause, abort and cache flush behave as SGLang 0.5.17's (see pause() and abort()); the control
+requests SGLang dies on are refused or end the process (preconditions.py).
 
 Why not transformers' continuous batching (generation/continuous_batching): it is built
 around one generation config for all requests and a paged cache whose prefix sharing is
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from actors.engine.cpu.model_runner import ModelRunner, SamplingSpec, SequenceKV
+from actors.engine.cpu.preconditions import Preconditions
 from actors.engine.cpu.prefix_cache import PrefixCache
 from actors.engine.cpu.protocol import SamplingParams
 
@@ -72,7 +76,8 @@ class Request:
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
     kv: SequenceKV | None = None  # covers input_ids + output_ids[:-1]
-    kv_epoch: int = 0  # the weights (see Scheduler._weights_epoch) that computed the start of `kv`
+    # An abort that reached it while the scheduler was paused in place: it ends at continue.
+    to_finish: dict[str, Any] | None = None
     created_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     generator: torch.Generator | None = None
@@ -136,7 +141,7 @@ class Scheduler:
     """Owns the scheduler thread; see the module docstring for the loop."""
 
     def __init__(self, runner: ModelRunner, config: SchedulerConfig,
-                 refusal: Callable[[], str | None] = lambda: None) -> None:
+                 refusal: Callable[[], str | None] = lambda: None, preconditions: Preconditions | None = None) -> None:
         config.validate()
         self.runner = runner
         # Why the runner cannot serve now (its memory released, weights not all loaded), or None:
@@ -144,15 +149,21 @@ class Scheduler:
         # that passed the server's early check before a release never runs on released weights.
         self.refusal = refusal
         self.config = config
+        self.preconditions = preconditions or Preconditions()
         self.prefix_cache = PrefixCache(config.prefix_cache_max_tokens)
-        self._weights_epoch = 0  # bumped by a swap that flushes the cache
         self.stats = SchedulerStats()
         self.throughput = ThroughputWindow()
+        # SGLang has two pause flags: its tokenizer's (every mode: new requests are held before the
+        # scheduler, in _held here) and its scheduler's (in_place and retract: no batch is stepped).
         self.paused = False
+        self.engine_paused = False
         self.pause_mode: str | None = None
         self.weight_version: str | None = None  # the label of the weights the runner holds (set_weight_version)
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
+        self._held: list[Request] = []
+        # SGLang's deferred /flush_cache?timeout=T: (deadline, future of (success, message)).
+        self._pending_flush: tuple[float, concurrent.futures.Future] | None = None
         self._lock = threading.Condition()
         self._incoming: list[Request] = []
         self._controls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
@@ -189,51 +200,108 @@ class Scheduler:
     # ---- control operations (run through `call`) ----------------------------------------
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> int:
-        """Finish matching requests now with finish type abort and what they have so far."""
-        victims = [r for r in [*self._running, *self._waiting] if abort_all or r.rid == rid]
+        """SGLang's abort: held and queued requests end now with what they have (finish type abort),
+        running ones at the next step, which a scheduler paused in place does not take until
+        continue_generation: until then they still run (the scheduler is not idle)."""
+        reason = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+        victims = [r for r in [*self._running, *self._waiting, *self._held] if abort_all or r.rid == rid]
         for request in victims:
-            self._finish(request, {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None})
+            if self.engine_paused and request in self._running:
+                request.to_finish = request.to_finish or reason
+            else:
+                self._finish(request, reason)
         return len(victims)
 
     def pause(self, mode: str) -> None:
+        """SGLang's pause_generation; requests that arrive from now on are held until resume().
+
+        abort:    every request ends now (abort); the scheduler itself is not paused.
+        in_place: the running batch stays with its KV and is not stepped; nothing moves.
+        retract:  running requests go back to the head of the waiting queue, their KV freed (not
+                  cached, as SGLang's retract), and are prefilled again (prompt + tokens so far)
+                  on continue. The waiting queue is then non-empty: a flush fails.
+        """
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
         self.paused, self.pause_mode = True, mode
         if mode == "abort":
             self.abort(abort_all=True)
-        elif mode == "retract":
-            # Back to the head of the queue; their KV goes to the prefix cache, so after
-            # continue_generation they re-prefill from it (or from scratch after a flush).
+            return
+        self.engine_paused = True
+        if mode == "retract":
             for request in reversed(self._running):
-                self._release_kv(request)
+                if request.to_finish is not None:  # aborted while paused in place: it ends here
+                    self._finish(request, request.to_finish)
+                    continue
+                request.kv = None
                 self._waiting.appendleft(request)
                 self.stats.num_retracted += 1
             self._running.clear()
-        # in_place: the running batch keeps its KV and simply is not stepped.
 
     def resume(self) -> None:
-        self.paused, self.pause_mode = False, None
+        """SGLang's continue_generation: never fails; requests aborted while paused in place end
+        now, held requests join the waiting queue."""
+        self.paused = self.engine_paused = False
+        self.pause_mode = None
+        for request in [r for r in self._running if r.to_finish is not None]:
+            self._finish(request, request.to_finish)
+        self._waiting.extend(self._held)
+        self._held.clear()
 
-    def flush_cache(self) -> int:
-        return self.prefix_cache.clear()
+    def is_fully_idle(self) -> bool:
+        """SGLang's is_fully_idle: nothing running (paused or not) and nothing waiting."""
+        return not self._running and not self._waiting
+
+    def busy(self) -> str:
+        """Why the scheduler is not idle, for error messages."""
+        paused = f", generation paused ({self.pause_mode})" if self.paused else ""
+        return f"{len(self._running)} running and {len(self._waiting)} waiting request(s){paused}"
+
+    def flush_cache(self) -> bool:
+        """SGLang's Scheduler.flush_cache: drop the prefix cache, only when fully idle."""
+        if not self.is_fully_idle():
+            logger.warning("Cache not flushed because there are pending requests. #queue-req: %d, #running-req: %d",
+                           len(self._waiting), len(self._running))
+            return False
+        self.prefix_cache.clear()
+        logger.info("Cache flushed successfully!")
+        return True
+
+    def request_flush(self, timeout_s: float) -> concurrent.futures.Future:
+        """SGLang's SchedulerFlushWrapper.handle: a future of (success, message). With
+        ``timeout_s`` > 0 a busy scheduler defers the flush until it is idle or the deadline passes."""
+        answer: concurrent.futures.Future = concurrent.futures.Future()
+        if self._pending_flush is not None:
+            answer.set_result((False, "Another flush_cache is already in progress."))
+        elif timeout_s <= 0 or self.is_fully_idle():
+            answer.set_result((self.flush_cache(), ""))
+        else:
+            self._pending_flush = (time.monotonic() + timeout_s, answer)
+        return answer
 
     def swap_weights(self, staged: dict[str, torch.Tensor], flush_cache: bool, version: str | None = None) -> None:
         """Apply validated weights between two steps, so no forward mixes old and new;
-        ``version`` labels them (and every later token of the requests they continue)."""
+        ``version`` labels them (and every later token of the requests they continue).
+
+        ``flush_cache`` needs a fully idle scheduler, as SGLang's flush after an update asserts
+        (preconditions.py): refused, or the process exits, before anything is applied.
+        """
+        if flush_cache and not self.is_fully_idle():
+            self.preconditions.violated(
+                "flush_cache_after_weight_update", AssertionError("Cache flush failed after updating weights"),
+                f"flush_cache is true and the scheduler is not idle: {self.busy()}; send flush_cache false, "
+                "then /flush_cache?timeout=T once it can be idle")
         self.runner.apply_weights(staged)
         if version is not None:
             self.set_weight_version(version)
         if flush_cache:
-            # Also keeps out the KV of sequences paused in place across the swap when they
-            # finish: a flushed cache holds nothing the old weights computed.
-            self._weights_epoch += 1
-            self.prefix_cache.clear()
+            self.flush_cache()
 
     def set_weight_version(self, version: str) -> None:
         """Label the weights; a request that has started continues under the new label from
         its next token (its tokens so far keep theirs)."""
         self.weight_version = version
-        for request in [*self._running, *self._waiting]:
+        for request in [*self._running, *self._waiting, *self._held]:
             marks = request.version_marks
             if not marks or marks[-1][1] == version:
                 continue
@@ -244,15 +312,20 @@ class Scheduler:
 
     def loads(self) -> dict[str, Any]:
         used = sum(len(r.input_ids) + len(r.output_ids) for r in self._running)
+        incoming = len(self._incoming)  # submitted since the last step: held if paused, else queued
         return {
             "num_running_reqs": len(self._running),
-            "num_waiting_reqs": len(self._waiting) + len(self._incoming),
+            "num_waiting_reqs": len(self._waiting) + (0 if self.paused else incoming),
+            "num_held_reqs": len(self._held) + (incoming if self.paused else 0),
+            "fully_idle": self.is_fully_idle(),
+            "flush_pending": self._pending_flush is not None,
             "num_used_tokens": used,
             "max_total_num_tokens": self.config.max_total_tokens,
             "max_running_requests": self.config.max_running_requests,
             "token_usage": round(used / self.config.max_total_tokens, 4),
             "prefix_cache_tokens": self.prefix_cache.total_tokens,
             "paused": self.paused,
+            "pause_mode": self.pause_mode,
             "gen_throughput": round(self.throughput.rate(time.monotonic()), 2),
         }
 
@@ -270,11 +343,13 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not (self._stopping or self._controls or self._incoming or self._has_work()):
-                    self._lock.wait()
+                while not (self._stopping or self._controls or self._incoming or self._has_work()
+                           or self._flush_due()):
+                    self._lock.wait(self._flush_wait())
                 if self._stopping:
                     break
-                self._waiting.extend(self._incoming)
+                # Held while paused, as SGLang's tokenizer holds new requests before its scheduler.
+                (self._held if self.paused else self._waiting).extend(self._incoming)
                 self._incoming.clear()
                 controls, self._controls = self._controls, []
             for fn, future in controls:
@@ -285,6 +360,7 @@ class Scheduler:
                     future.set_result(fn())
                 except BaseException as exc:  # noqa: BLE001 - the caller gets the error
                     future.set_exception(exc)
+            self._check_pending_flush()
             if self._has_work():
                 try:
                     self._step()
@@ -293,14 +369,43 @@ class Scheduler:
                     for request in [*self._running]:
                         request.kv = None  # it may cover a token the ids lack: keep it out of the cache
                         self._finish(request, _abort_reason(f"engine step failed: {exc}", 500))
-        for request in [*self._running, *self._waiting, *self._incoming]:
+                self._check_pending_flush()
+        for request in [*self._running, *self._waiting, *self._held, *self._incoming]:
             self._finish(request, _abort_reason("engine shutting down", 503))
         for _, future in self._controls:
             if future.set_running_or_notify_cancel():
                 future.set_exception(RuntimeError("scheduler is stopped"))
+        if self._pending_flush is not None and not self._pending_flush[1].done():
+            self._pending_flush[1].set_exception(RuntimeError("scheduler is stopped"))
 
     def _has_work(self) -> bool:
-        return not self.paused and bool(self._running or self._waiting)
+        return not self.engine_paused and bool(self._running or self._waiting)
+
+    def _flush_due(self) -> bool:
+        return self._pending_flush is not None and time.monotonic() >= self._pending_flush[0]
+
+    def _flush_wait(self) -> float | None:
+        if self._pending_flush is None:
+            return None
+        # Capped: Condition.wait refuses a timeout as large as ?timeout=inf.
+        return min(max(0.0, self._pending_flush[0] - time.monotonic()), 60.0)
+
+    def _check_pending_flush(self) -> None:
+        """SGLang's SchedulerFlushWrapper.check_pending, after every round of controls and steps."""
+        if self._pending_flush is None:
+            return
+        deadline, answer = self._pending_flush
+        if self.is_fully_idle():
+            self._pending_flush = None
+            result = (self.flush_cache(), "")
+        elif time.monotonic() >= deadline:
+            logger.warning("Deferred flush_cache timed out while waiting for idle state.")
+            self._pending_flush = None
+            result = (False, "Timed out waiting for idle state.")
+        else:
+            return
+        if not answer.done():  # a caller that gave up may have cancelled it
+            answer.set_result(result)
 
     def _step(self) -> None:
         self._admit()
@@ -351,7 +456,6 @@ class Scheduler:
         logits, kv = self.runner.prefill(tokens, prefix)
         if not request.version_marks and self.weight_version is not None:
             request.version_marks.append((0, self.weight_version))
-        request.kv_epoch = self._weights_epoch
         self.stats.num_prefills += 1
         if not request.output_ids:
             self.prefix_cache.insert(tokens, kv)  # the prompt, for the other samples of a group
@@ -401,6 +505,8 @@ class Scheduler:
             self._running.remove(request)
         elif request in self._waiting:
             self._waiting.remove(request)
+        elif request in self._held:
+            self._held.remove(request)
         self._release_kv(request)
         request.finish_reason = reason
         request.finished_at = time.monotonic()
@@ -414,7 +520,7 @@ class Scheduler:
 
     def _release_kv(self, request: Request) -> None:
         """Hand a leaving sequence's KV to the prefix cache (it covers all_ids[:-1])."""
-        if request.kv is not None and request.kv_epoch == self._weights_epoch:
+        if request.kv is not None:
             self.prefix_cache.insert(request.all_ids[:-1], request.kv)
         request.kv = None
 

@@ -3,15 +3,16 @@
 `python -m actors.engine.cpu --model-path DIR [--host 127.0.0.1] [--port N]` serves an
 HF-format causal LM on CPU with the endpoints, request and response shapes of SGLang's
 http_server (the subset slime-async relies on, see DESIGN.md "Engines"). This module only
-parses, validates and shapes JSON; batching lives in scheduler.py and the model in
-model_runner.py. Bad input is answered with HTTP 400 and `{"error": {"message": ...}}` as
-SGLang does.
+parses, validates and shapes JSON; the weight-update and memory routes are in weights.py,
+batching lives in scheduler.py and the model in model_runner.py. Bad input is answered with
+HTTP 400 and `{"error": {"message": ...}}` as SGLang does. Control requests SGLang's scheduler
+dies on are refused with its error, or end the process with --strict-sglang-preconditions
+(preconditions.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
@@ -22,44 +23,37 @@ from pathlib import Path
 from typing import Any
 
 import aiorwlock
-import orjson
 import torch
-import torch.distributed as dist
 from aiohttp import web
 
-from actors.engine.cpu.memory import TAGS as MEMORY_TAGS
-from actors.engine.cpu.memory import MemoryOccupation, MemoryStateError
 from actors.engine.cpu.config import EngineArgs, ModelDirError, parse_args
-from actors.engine.cpu.model_runner import ModelRunner, WeightUpdateError
+from actors.engine.cpu.http_json import error_response as _error
+from actors.engine.cpu.http_json import json_response as _json
+from actors.engine.cpu.http_json import read_json as _read_json
+from actors.engine.cpu.http_json import require as _require
+from actors.engine.cpu.memory import MemoryOccupation
+from actors.engine.cpu.model_runner import ModelRunner
+from actors.engine.cpu.preconditions import Preconditions
 from actors.engine.cpu.protocol import (BadRequest, GenerateItem, SamplingParams, generate_output, parse_generate,
                                        stream_chunk)
 from actors.engine.cpu.scheduler import PAUSE_MODES, REFUSED, Request, Scheduler, SchedulerConfig
 from actors.engine.cpu.streaming import StreamedTokens, sse_event
-from slime_async.weights import flat_bucket
-from slime_async.dtypes import dtype_from_name
+from actors.engine.cpu.weights import WeightRoutes
 from slime_async.net import serve_until_signalled
 from slime_async.runtime import run as run_event_loop
-from slime_async.weights.tensor_ipc import TensorPayloadError, deserialize_named_tensors
-from slime_async.weights.delta import codec as weight_codec
-from slime_async.weights.delta import receiver as weight_delta
-from slime_async.weights.process_group import destroy_custom_process_group, init_custom_process_group
 
 logger = logging.getLogger("cpu_engine")
 
 VERSION = "slime-async-cpu-engine/0.1"
 HEALTH_CHECK_TIMEOUT_S = 20.0
+# SGLang's /flush_cache answers (entrypoints/http_server.py).
+FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "
+           "(When there are running or waiting requests, the operation will not be performed.)\n")
+FLUSH_FAILED = "Flush cache failed.\n"
 
 
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
-
-
-def _error(message: str, status: int = 400) -> web.Response:
-    return _json({"error": {"message": message}}, status=status)
-
-
-class EngineServer:
-    """Routes of one engine; owns the scheduler and the weight-update groups."""
+class EngineServer(WeightRoutes):
+    """Routes of one engine; owns the scheduler, the weight-update groups and the preconditions."""
 
     def __init__(self, args: EngineArgs, runner: ModelRunner, tokenizer: Any | None) -> None:
         self.args = args
@@ -67,9 +61,11 @@ class EngineServer:
         self.tokenizer = tokenizer
         self.model_path = runner.model_path
         self.weight_version = args.weight_version
+        # What SGLang dies on: refused and counted, or (strict) the end of this process.
+        self.preconditions = Preconditions(strict=args.strict_sglang_preconditions)
         # Colocated training: which memory regions are released (actors/engine/cpu/memory.py);
         # the scheduler asks it before every admission.
-        self.memory = MemoryOccupation(runner)
+        self.memory = MemoryOccupation(runner, self.preconditions)
         self.scheduler = Scheduler(
             runner,
             SchedulerConfig(
@@ -78,24 +74,21 @@ class EngineServer:
                 prefix_cache_max_tokens=args.prefix_cache_max_tokens,
             ),
             refusal=self.memory.refusal,
+            preconditions=self.preconditions,
         )
-        self.groups: dict[str, dist.ProcessGroup] = {}
         self.scheduler.weight_version = self.weight_version  # before its thread starts
-        self.group_inits = 0  # weight-update groups joined since start (/server_info)
         # Tells this process from a restart on the same port: a restarted engine has lost its
         # weight-update group, and the trainer builds a new one when the id changes.
         self.instance_id = uuid.uuid4().hex
-        # Weight updates are serialised: two concurrent swaps would interleave staging.
-        self._update_lock = asyncio.Lock()
         # SGLang's model_update_lock: every /generate holds the read side until it answers, a
         # weight swap takes the write side unless generation is paused. Writer-preferring, so
         # requests that arrive while a swap waits queue behind it.
         self._model_update_lock = aiorwlock.RWLock()
         # Held across "is it paused?" and the swap that follows, so a continue cannot slip in.
         self._pause_lock = asyncio.Lock()
-        # Delta weight sync (slime_async/weights/delta): the exported tensors of the version served,
-        # kept apart from the model's (which may be another dtype) as the base of the next delta.
-        self.delta = weight_delta.DeltaReceiver()
+        # SGLang's tokenizer sends one /flush_cache at a time (its communicator queues callers).
+        self._flush_lock = asyncio.Lock()
+        self._init_weight_routes()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -117,19 +110,8 @@ class EngineServer:
                 web.post("/abort_request", self.abort_request),
                 web.post("/pause_generation", self.pause_generation),
                 web.post("/continue_generation", self.continue_generation),
-                web.post("/update_weights_from_disk", self.update_weights_from_disk),
-                web.post("/init_weights_update_group", self.init_weights_update_group),
-                web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
-                web.post("/destroy_weights_update_group", self.destroy_weights_update_group),
                 web.post("/update_weight_version", self.update_weight_version),
-                web.get("/get_weights_by_name", self.get_weights_by_name),
-                web.post("/get_weights_by_name", self.get_weights_by_name),
-                *weight_delta.routes(self.delta, self._load_delta, self._served),
-                web.post("/release_memory_occupation", self.release_memory_occupation),
-                web.get("/release_memory_occupation", self.release_memory_occupation),
-                web.post("/resume_memory_occupation", self.resume_memory_occupation),
-                web.get("/resume_memory_occupation", self.resume_memory_occupation),
-                web.post("/update_weights_from_tensor", self.update_weights_from_tensor),
+                *self.weight_routes(),
             ]
         )
         app.on_startup.append(self._on_startup)
@@ -141,9 +123,7 @@ class EngineServer:
 
     async def _on_cleanup(self, _app: web.Application) -> None:
         await asyncio.to_thread(self.scheduler.stop)
-        for group in self.groups.values():
-            destroy_custom_process_group(group)
-        self.groups.clear()
+        self._close_groups()
 
     async def _control(self, fn: Any) -> Any:
         return await asyncio.wrap_future(self.scheduler.call(fn))
@@ -253,7 +233,9 @@ class EngineServer:
             f"HEALTH_CHECK_{uuid.uuid4().hex}", [0], SamplingParams(temperature=0.0, max_new_tokens=1), False
         )
         try:
-            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S):
+            # SGLang's health check is a /generate: it holds the read side too, so a weight swap
+            # never finds it in the scheduler (where a flush after the update would fail).
+            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S), self._model_update_lock.reader_lock:
                 req = await self._run(item)
         except TimeoutError:
             return web.Response(status=503)
@@ -275,8 +257,13 @@ class EngineServer:
         )
 
     async def get_server_info(self, _request: web.Request) -> web.Response:
-        stats = await self._control(lambda: {
-            **vars(self.scheduler.stats), "last_gen_throughput": self.scheduler.loads()["gen_throughput"]})
+        def internal_state() -> dict[str, Any]:
+            loads = self.scheduler.loads()
+            return {**vars(self.scheduler.stats), "last_gen_throughput": loads["gen_throughput"],
+                    "num_held_reqs": loads["num_held_reqs"], "pause_mode": loads["pause_mode"],
+                    "flush_pending": loads["flush_pending"]}
+
+        stats = await self._control(internal_state)
         return _json(
             {
                 "model_path": self.model_path,
@@ -302,6 +289,9 @@ class EngineServer:
                 "instance_id": self.instance_id,
                 "pid": os.getpid(),
                 "weights_update_group_inits": self.group_inits,
+                # Requests SGLang 0.5.17 would have died on, refused (preconditions.py), by name.
+                "strict_sglang_preconditions": self.preconditions.strict,
+                "precondition_violations": self.preconditions.counts(),
                 "internal_states": [stats],
                 "version": VERSION,
             }
@@ -359,24 +349,23 @@ class EngineServer:
     # ---- control ------------------------------------------------------------------------
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        # Unlike a GPU radix cache, flushing here never touches running sequences (they own
-        # their KV), so it is always safe. ``?timeout=T`` is SGLang's deferred flush: the answer
-        # waits until no request is running or waiting (up to T seconds), which callers use as
-        # an idle barrier (colocated training releases memory after it).
+        """SGLang's /flush_cache: never fatal; 400 "Flush cache failed." unless the scheduler is
+        fully idle. ``?timeout=T`` defers the flush until it is idle (at most T seconds), which
+        callers use as an idle barrier before a release or a flushing update."""
         try:
             wait_s = float(request.query.get("timeout", 0.0))
         except ValueError:
             return _error(f"flush_cache: timeout must be a number of seconds, got {request.query['timeout']!r}")
-        deadline = time.monotonic() + wait_s
-        while wait_s > 0:
-            loads = await self._control(self.scheduler.loads)
-            if not (loads["num_running_reqs"] or loads["num_waiting_reqs"]):
-                break
-            if time.monotonic() >= deadline:
-                return _error("Timed out waiting for idle state.")
-            await asyncio.sleep(0.01)
-        await self._control(self.scheduler.flush_cache)
-        return web.Response(text="Cache flushed.\n", status=200)
+        if not wait_s >= 0:
+            return _error(f"flush_cache: timeout must be >= 0, got {request.query['timeout']!r}")
+        async with self._flush_lock:
+            answer = await self._control(lambda: self.scheduler.request_flush(wait_s))
+            # A caller that hangs up leaves its deferred flush pending in the scheduler, as in
+            # SGLang: the next one is told "Another flush_cache is already in progress."
+            success, message = await asyncio.shield(asyncio.wrap_future(answer))
+        if success:
+            return web.Response(text=FLUSHED, status=200)
+        return web.Response(text=message or FLUSH_FAILED, status=400)
 
     async def abort_request(self, request: web.Request) -> web.Response:
         try:
@@ -420,288 +409,6 @@ class EngineServer:
         return _json(
             {"success": True, "message": f"Weight version updated to {new_version}", "new_version": new_version}
         )
-
-    # ---- memory occupation (colocated training) -----------------------------------------
-    # POST /release_memory_occupation {tags?: ["weights", "kv_cache"]}   free them (all when no tags)
-    # POST /resume_memory_occupation  {tags?: [...]}                     allocate them again
-    # POST /update_weights_from_tensor {serialized_named_tensors: [str], load_format?, flush_cache?,
-    #                                   abort_all_requests?, weight_version?}
-    # SGLang 0.5.17's shapes (ReleaseMemoryOccupationReqInput, UpdateWeightsFromTensorReqInput):
-    # serialized_named_tensors holds one payload per TP rank (slime_async.weights.tensor_ipc; one here).
-
-    async def release_memory_occupation(self, request: web.Request) -> web.Response:
-        return await self._change_memory(request, "release")
-
-    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
-        return await self._change_memory(request, "resume")
-
-    async def _change_memory(self, request: web.Request, what: str) -> web.Response:
-        try:
-            body = await _memory_body(request)
-            tags = body.get("tags") or list(MEMORY_TAGS)
-            if not isinstance(tags, list) or any(tag not in MEMORY_TAGS for tag in tags):
-                raise MemoryStateError(f"tags must be a list of {list(MEMORY_TAGS)}, got {body.get('tags')!r}")
-            # Not the model-update writer lock: a busy engine refuses the release (as SGLang's
-            # does) rather than waiting, and the scheduler refuses later admissions itself.
-            async with self._update_lock:  # never between the buckets of a weight update
-                if what == "release":
-                    message = await self._control(
-                        lambda: self.memory.release(tags, self.scheduler.loads(), self.scheduler.flush_cache))
-                else:
-                    message = await self._control(lambda: self.memory.resume(tags))
-        except MemoryStateError as error:
-            logger.error("memory: %s refused: %s", what, error)
-            return _json({"success": False, "message": str(error)}, status=400)
-        logger.info("memory: %s", message)
-        return _json({"success": True, "message": message})
-
-    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
-        try:
-            body = await _memory_body(request)
-            payloads = body.get("serialized_named_tensors")
-            if not isinstance(payloads, list) or len(payloads) != 1 or not isinstance(payloads[0], str):
-                raise WeightUpdateError("serialized_named_tensors must be a list of one base64 payload per TP "
-                                        f"rank (the CPU engine has 1), got {type(payloads).__name__} of "
-                                        f"{len(payloads) if isinstance(payloads, list) else '?'}")
-            if body.get("load_format") not in (None, "direct"):
-                raise WeightUpdateError(f"load_format {body['load_format']!r}: the CPU engine takes (name, tensor) "
-                                        "lists (none or 'direct')")
-            async with self._update_lock:
-                if "weights" in self.memory.released:
-                    raise WeightUpdateError("the weights' memory is released: POST /resume_memory_occupation "
-                                            "{tags: ['weights']} first")
-                named = await asyncio.to_thread(deserialize_named_tensors, payloads[0])
-                # Where the dtypes match, staged holds the sender's shared memory itself (to() does
-                # not copy): safe because the swap copies it into the model before we answer, and
-                # the sender keeps its tensors alive until then.
-                staged = await asyncio.to_thread(self.runner.stage_partial, named, "update_weights_from_tensor")
-                await self._swap(staged, body)
-        except (WeightUpdateError, TensorPayloadError, MemoryStateError) as error:
-            logger.error("weights: update_weights_from_tensor refused: %s", error)
-            return _json({"success": False, "message": f"Failed to update weights: {error}"}, status=400)
-        logger.info("weights: loaded %d tensor(s) from IPC handles%s", len(staged),
-                    f", version {body['weight_version']}" if body.get("weight_version") is not None else "")
-        return _json({"success": True, "message": "Succeeded to update model weights."})
-
-    # ---- weight updates -----------------------------------------------------------------
-
-    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
-        try:
-            body = await _read_json(request)
-            model_path = _require(body, "model_path", str)
-        except BadRequest as exc:
-            return _json({"success": False, "message": str(exc), "num_paused_requests": 0}, status=400)
-        async with self._update_lock:
-            try:
-                # Read and check everything first; the swap below cannot fail half-way.
-                staged = await asyncio.to_thread(self.runner.stage_from_disk, model_path)
-            except WeightUpdateError as exc:
-                return _json(
-                    {"success": False, "message": f"Failed to update weights: {exc}", "num_paused_requests": 0},
-                    status=400,
-                )
-            await self._swap(staged, body)
-            self.model_path = model_path
-        message = "Succeeded to update model weights."
-        return _json({"success": True, "message": self._versioned(message, body), "num_paused_requests": 0})
-
-    async def _load_delta(self, tensors: dict[str, torch.Tensor], version: str, flush_cache: bool) -> str | None:
-        """Swap in weights a delta transfer rebuilt (and checked); SGLang's timing, as from disk.
-        Returns the checksum of what it then serves where the model has the sent dtypes."""
-        async with self._update_lock:
-            try:
-                staged = await asyncio.to_thread(self.runner.stage, tensors, "weight delta")
-            except WeightUpdateError as exc:
-                raise weight_delta.LoadRejected(f"Failed to update weights: {exc}") from exc
-            await self._swap(staged, {"weight_version": version, "flush_cache": flush_cache})
-        if all(t.dtype == self.runner.dtype for t in tensors.values()):
-            return await self._served(sorted(tensors))
-        return None
-
-    async def _served(self, names: list[str]) -> str:
-        # Between two scheduler steps, so no swap is half-applied in what is read (~0.1 s a GB).
-        return await self._control(
-            lambda: weight_codec.state_checksum(weight_codec.state_metas(self.runner.served(names)).values()))
-
-    async def get_weights_by_name(self, request: web.Request) -> web.Response:
-        """SGLang's test endpoint: a parameter as float32 nested lists, its first ``truncate_size`` rows."""
-        try:
-            body = await _read_json(request)
-            name = _require(body, "name", str)
-            truncate_size = int(body.get("truncate_size", 100))
-        except (BadRequest, TypeError, ValueError) as exc:
-            return _error(str(exc))
-        try:
-            tensor = await self._control(lambda: self.runner.served([name])[name].to(torch.float32).clone())
-        except KeyError:
-            return _error(f"no parameter named {name!r}", status=404)
-        return _json(tensor.tolist()[:truncate_size])
-
-    async def init_weights_update_group(self, request: web.Request) -> web.Response:
-        try:
-            body = await _read_json(request)
-            address = _require(body, "master_address", str)
-            port = _require(body, "master_port", int)
-            rank_offset = _require(body, "rank_offset", int)
-            world_size = _require(body, "world_size", int)
-        except BadRequest as exc:
-            return _json({"success": False, "message": str(exc)}, status=400)
-        group_name = body.get("group_name", "weight_update_group")
-        backend = body.get("backend", "gloo")
-        if backend != "gloo":
-            return _json(
-                {"success": False, "message": f"the CPU engine only supports backend 'gloo', got {backend!r}"},
-                status=400,
-            )
-        if group_name in self.groups:
-            return _json({"success": False, "message": f"group {group_name!r} already exists"}, status=400)
-        try:
-            group = await asyncio.to_thread(
-                init_custom_process_group, backend, f"tcp://{address}:{port}", world_size, rank_offset, group_name
-            )
-        except Exception as exc:  # rendezvous failures come as several error types
-            return _json(
-                {"success": False, "message": f"Failed to init group {group_name!r} at {address}:{port}: {exc}"},
-                status=400,
-            )
-        self.groups[group_name] = group
-        self.group_inits += 1
-        return _json({"success": True, "message": "Succeeded to initialize custom process group."})
-
-    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
-        try:
-            body = await _read_json(request)
-            names = _require(body, "names", list)
-            dtypes = _require(body, "dtypes", list)
-            shapes = _require(body, "shapes", list)
-        except BadRequest as exc:
-            return _json({"success": False, "message": str(exc)}, status=400)
-        group_name = body.get("group_name", "weight_update_group")
-        group = self.groups.get(group_name)
-        if group is None:
-            return _json(
-                {
-                    "success": False,
-                    "message": f"no weights update group named {group_name!r}; call /init_weights_update_group first",
-                },
-                status=400,
-            )
-        load_format = body.get("load_format")
-        if load_format not in (None, "flattened_bucket"):
-            return _json({"success": False, "message": f"load_format {load_format!r}: the CPU engine receives "
-                          "one broadcast per tensor (none) or per bucket ('flattened_bucket')"}, status=400)
-        async with self._update_lock:
-            try:
-                self.runner.check_distributed_spec(names, dtypes, shapes)
-                rejection = None
-            except WeightUpdateError as exc:
-                rejection = exc
-            try:
-                # Receive even a rejected announcement: rank 0 broadcasts regardless, and an
-                # unmatched broadcast would leave the group out of step for the next update.
-                if load_format == "flattened_bucket":
-                    buffers = await asyncio.to_thread(_receive_flat_bucket, group, dtypes, shapes)
-                else:
-                    buffers = self.runner.receive_buffers(dtypes, shapes)
-                    await asyncio.to_thread(_receive_broadcast, group, buffers)
-            except Exception as exc:
-                message = str(rejection or exc)
-                return _json({"success": False, "message": f"Failed to update weights: {message}"}, status=400)
-            if rejection is not None:
-                return _json({"success": False, "message": f"Failed to update weights: {rejection}"}, status=400)
-            await self._swap(dict(zip(names, buffers)), body)
-        message = "Succeeded to update parameter online."
-        return _json({"success": True, "message": self._versioned(message, body)})
-
-    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
-        try:
-            body = await _read_json(request, allow_empty=True) or {}
-        except BadRequest as exc:
-            return _json({"success": False, "message": str(exc)}, status=400)
-        group_name = body.get("group_name", "weight_update_group")
-        group = self.groups.pop(group_name, None)
-        if group is None:
-            return _json({"success": False, "message": f"no weights update group named {group_name!r}"}, status=400)
-        await asyncio.to_thread(destroy_custom_process_group, group)
-        return _json({"success": True, "message": "Succeeded to destroy custom process group."})
-
-    async def _swap(self, staged: dict[str, torch.Tensor], body: dict[str, Any]) -> None:
-        """Apply staged weights between two scheduler steps, with SGLang's timing.
-
-        Not paused: the swap waits until every in-flight /generate has answered, and requests
-        arriving meanwhile wait for the swap, so no response mixes two weight versions.
-        Paused: the swap happens at once; requests paused in place then continue on the new
-        weights (their earlier tokens keep the old version's KV). ``abort_all_requests`` ends
-        in-flight requests first instead of waiting for them.
-        """
-        if body.get("abort_all_requests", False):
-            await self._control(lambda: self.scheduler.abort(abort_all=True))
-        flush = bool(body.get("flush_cache", True))
-        async with self._swap_window():
-            version = None if body.get("weight_version") is None else str(body["weight_version"])
-            await self._control(lambda: self.scheduler.swap_weights(staged, flush, version))
-            if body.get("weight_version") is not None:
-                self.weight_version = str(body["weight_version"])
-
-    @contextlib.asynccontextmanager
-    async def _swap_window(self):
-        async with self._pause_lock:
-            if self.scheduler.paused:  # set by pause() through _control, so current here
-                yield
-                return
-        async with self._model_update_lock.writer_lock:
-            yield
-
-    @staticmethod
-    def _versioned(message: str, body: dict[str, Any]) -> str:
-        if body.get("weight_version") is not None:
-            return f"{message} Weight version updated to {body['weight_version']}."
-        return message
-
-
-def _receive_flat_bucket(group: dist.ProcessGroup, dtypes: list[str], shapes: list[list[int]]) -> list[torch.Tensor]:
-    """One broadcast of the bucket's bytes (SGLang's FlattenedTensorBucket layout), split into its tensors."""
-    parsed = [dtype_from_name(d) for d in dtypes]
-    flat = torch.empty(flat_bucket.nbytes(parsed, shapes), dtype=torch.uint8)
-    dist.broadcast(flat, src=0, group=group)
-    return flat_bucket.unflatten(flat, parsed, shapes)
-
-
-def _receive_broadcast(group: dist.ProcessGroup, buffers: list[torch.Tensor]) -> None:
-    for tensor in buffers:  # in the order of `names`, as the trainer broadcasts them
-        dist.broadcast(tensor, src=0, group=group)
-
-
-async def _read_json(request: web.Request, allow_empty: bool = False) -> Any:
-    raw = await request.read()
-    if not raw.strip():
-        if allow_empty:
-            return None
-        raise BadRequest("request body is empty; expected JSON")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"malformed JSON body: {exc}") from exc
-
-
-async def _memory_body(request: web.Request) -> dict[str, Any]:
-    """The JSON object of a memory-occupation or tensor-update request (empty allowed)."""
-    try:
-        body = await _read_json(request, allow_empty=True) or {}
-    except BadRequest as error:
-        raise MemoryStateError(str(error)) from error
-    if not isinstance(body, dict):
-        raise MemoryStateError(f"expected a JSON object, got {type(body).__name__}")
-    return body
-
-
-def _require(body: Any, key: str, kind: type) -> Any:
-    if not isinstance(body, dict) or key not in body:
-        raise BadRequest(f"missing required field {key!r}")
-    value = body[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise BadRequest(f"field {key!r} must be {kind.__name__}, got {value!r}")
-    return value
 
 
 def _load_tokenizer(model_path: str) -> Any | None:
