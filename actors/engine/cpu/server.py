@@ -261,7 +261,7 @@ class EngineServer(WeightRoutes):
             loads = self.scheduler.loads()
             return {**vars(self.scheduler.stats), "last_gen_throughput": loads["gen_throughput"],
                     "num_held_reqs": loads["num_held_reqs"], "pause_mode": loads["pause_mode"],
-                    "flush_pending": loads["flush_pending"]}
+                    "flush_pending": loads["flush_pending"], "prefix_cache_tokens": loads["prefix_cache_tokens"]}
 
         stats = await self._control(internal_state)
         return _json(
