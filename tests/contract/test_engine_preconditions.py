@@ -17,7 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from slime_async.engine_client import EngineClient, parse_generate_output
+from slime_async.engine_client import EngineClient
+from slime_async.generate_output import parse_generate_output
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 

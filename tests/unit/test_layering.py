@@ -33,9 +33,7 @@ ALLOWED_IMPORTS = {
     ("slime_async/compat/slime/rollout/rm_hub/math_dapo_utils.py", "policies.dapo_score"),
 }
 MAX_LINES = 600
-ALLOWED_LONG_FILES = {
-    "actors/engine/cpu/server.py",  # split in progress (#24)
-}
+ALLOWED_LONG_FILES: set[str] = set()
 
 
 @dataclass(frozen=True)
