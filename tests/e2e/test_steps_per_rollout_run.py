@@ -81,7 +81,7 @@ TRAINER_STEP = ["onloaded grads, optimizer, params", "offloaded grads, optimizer
 
 def test_colocated_phases_run_in_order_on_every_side(run):
     logs = run["root"] / "run" / "logs"
-    supervisor = re.findall(r"actors\.loop\.colocate: colocate: (\w+)", run["stderr"])
+    supervisor = re.findall(r"actors\.weight_sync\.colocate: colocate: (\w+)", run["stderr"])
     assert supervisor == ["offload", *SUPERVISOR_STEP * 2]  # the trainer leaves the devices before the first rollout
     engine = re.findall(r"(?:memory|weights): (released weights, kv_cache|resumed \w+|loaded)",
                         (logs / "engine-0.log").read_text())
