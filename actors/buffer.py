@@ -3,9 +3,9 @@
 A group is the list of samples generated from one prompt. The rollout side talks to the buffer
 in three steps per group:
 
-    await buffer.ask("reserve", timeout=None)         # admission: may this group start now?
+    admitted = await buffer.ask("reserve", timeout=None)       # admission: may this group start now?
     ... generate and score ...
-    await buffer.ask("put", group, timeout=None)       # or ask("cancel_reservation") if dropped
+    await buffer.ask("put", group, admitted=admitted, timeout=None)  # or ask("cancel_reservation", admitted=...)
 
 and the trainer side takes ``await buffer.ask("get", n_groups, train_version, timeout=None)``.
 When the prompts run out, the rollout tells the buffer ``end_of_data`` after its last group's
@@ -21,6 +21,14 @@ get and set_version) and counted in ``buffer/dropped_stale``: stragglers (a grou
 after groups admitted later, so it is trained later than its admission slot), steps that bump
 the version by more than one, a checkpoint restored into a newer run.
 
+Stragglers (``--straggler-policy``). ``reserve`` answers with the admission version, and the
+rollout hands it back with the group's ``put`` (or ``cancel_reservation``), so the buffer knows the
+deadline of every group still generating. With ``wait`` (the default) a ``get`` is held back while
+``policies.staleness.must_wait_for_stragglers`` says that taking the buffered groups now would
+push a group still in flight past its deadline although it could have been trained: the trainer
+waits for the straggler instead of training fresher groups and dropping it. With ``drop`` the
+``get`` is served as soon as enough groups are buffered (the stragglers are dropped when they come).
+
 Every waiting call is a deferred answer, so the mailbox keeps serving other messages; waiters
 are served FIFO by ``_pump`` after each state change. ``reserve``, ``put`` and ``get`` must be
 asked with ``timeout=None``: the buffer cannot see an asker give up, and a reservation granted
@@ -31,11 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+import time
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from policies.staleness import is_too_stale, may_admit, oldest_first, staleness
+from policies.staleness import deadline, is_too_stale, may_admit, must_wait_for_stragglers, oldest_first, staleness
 from slime_async.actor import Actor, Deferred
 from slime_async.config.flags import field_help as _help
 from slime_async.sample import Sample
@@ -44,6 +53,7 @@ log = logging.getLogger(__name__)
 
 Group = list[Sample]
 BufferOrder = Literal["oldest_first", "fifo"]
+StragglerPolicy = Literal["wait", "drop"]
 
 
 @dataclass
@@ -64,12 +74,20 @@ class BufferConfig:
         "which buffered groups a training step takes: oldest_first (the oldest generated token first: groups "
         "that finished late, e.g. behind a long-tail sample, are trained before they go stale instead of "
         "being dropped) or fifo (the order they finished in)"))
+    straggler_policy: StragglerPolicy = field(default="wait", metadata=_help(
+        "a group still generating whose deadline (admission version + --max-staleness) comes before a "
+        "buffered group the step would take: wait (the step waits for it when it could not be trained later; "
+        "nothing it starts goes stale for lack of room) or drop (the step goes ahead; the straggler is dropped "
+        "as too stale when it comes, the behaviour before this flag)"))
 
     def validate(self) -> None:
         if self.buffer_capacity is not None and self.buffer_capacity <= 0:
             raise ValueError(f"--buffer-capacity must be > 0, got {self.buffer_capacity}")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"--max-staleness must be >= 0 or none, got {self.max_staleness}")
+        if self.straggler_policy == "wait" and self.buffer_order != "oldest_first":
+            raise ValueError("--straggler-policy wait trains groups in deadline order: it needs --buffer-order "
+                             f"oldest_first, got {self.buffer_order} (or pass --straggler-policy drop)")
 
 
 @dataclass
@@ -125,14 +143,21 @@ class BufferActor(Actor):
         self.max_staleness = config.max_staleness
         self.mask_offpolicy = config.mask_offpolicy_in_partial_rollout
         self.order = config.buffer_order
+        # The wait rule assumes steps take the earliest deadlines first (validate() refuses wait with fifo).
+        self.wait_for_stragglers = config.straggler_policy == "wait" and config.buffer_order == "oldest_first"
         self.groups_per_step = groups_per_step
         self.version = version
         # No group can be trained at an earlier version than this any more (versions only grow),
         # so a group too stale for it is too stale forever and may be dropped at once.
         self._horizon = version
         self._groups: deque[_Entry] = deque()
-        self._reserved = 0
+        self._admitted: Counter[int] = Counter()  # admission version -> reservations still generating
         self._consumed = 0
+        self._taken = (version, 0)  # (train version, groups its gets took so far)
+        self._straggler_holds = 0  # gets held back for a straggler (--straggler-policy wait)
+        self._straggler_hold_s = 0.0
+        self._held_since: float | None = None
+        self._masked_out_samples = 0  # trained samples whose every token is too old (masked)
         self._dropped_groups = 0
         self._dropped_samples = 0
         self._last_staleness_max: int | None = None
@@ -143,25 +168,29 @@ class BufferActor(Actor):
 
     # ----- rollout side -----------------------------------------------------------------------
     def reserve(self) -> Deferred:
-        """Answered (None) once one more group may start: capacity and staleness bound allow it."""
+        """Answered once one more group may start (capacity and staleness bound allow it), with
+        the admission version: the policy version then, which ``put`` / ``cancel_reservation``
+        take back (``admitted``) so that the buffer knows which group left flight."""
         future = asyncio.get_running_loop().create_future()
         self._reserve_waiters.append(future)
         self._pump()
         return self.defer(_wait(future))
 
-    def cancel_reservation(self) -> None:
-        """Give back a reservation whose group will never be put (filtered, failed, no prompt)."""
+    def cancel_reservation(self, admitted: int | None = None) -> None:
+        """Give back a reservation whose group will never be put (filtered, failed, no prompt);
+        ``admitted``: what ``reserve`` answered (None: the oldest reservation)."""
         if self._reserved == 0:
             raise ValueError("cancel_reservation without an outstanding reservation")
-        self._reserved -= 1
+        self._retire(admitted)
         self._pump()
 
-    def put(self, group: Group) -> Deferred:
-        """Add a group (FIFO), turning one outstanding reservation into it if there is one;
-        answered once the group is in the buffer (a put beyond capacity waits for a get)."""
+    def put(self, group: Group, admitted: int | None = None) -> Deferred:
+        """Add a group (FIFO), turning its reservation (``admitted``: what ``reserve`` answered;
+        None: the oldest) into it if there is one; answered once the group is in the buffer (a put
+        beyond capacity waits for a get)."""
         _check_group(group)
         if self._reserved > 0:
-            self._reserved -= 1
+            self._retire(admitted)
         else:
             log.debug("buffer: put of group %s without a reservation", group[0].group_index)
         future = asyncio.get_running_loop().create_future()
@@ -209,6 +238,10 @@ class BufferActor(Actor):
             "buffer/dropped_stale_samples": float(self._dropped_samples),
             # Of the groups that reached the buffer and left it, the share thrown away as too stale.
             "buffer/dropped_stale_frac": self._dropped_groups / max(1, self._dropped_groups + self._consumed),
+            # --mask-offpolicy-in-partial-rollout: trained samples of which the mask left nothing.
+            "buffer/masked_out_samples": float(self._masked_out_samples),
+            "buffer/straggler_holds": float(self._straggler_holds),
+            "buffer/straggler_hold_s": self._straggler_hold_s + self._hold_so_far(),
             "buffer/version": float(self.version),
         }
         if self._last_staleness_max is not None:
@@ -226,6 +259,7 @@ class BufferActor(Actor):
             "consumed_groups": self._consumed,
             "dropped_stale_groups": self._dropped_groups,
             "dropped_stale_samples": self._dropped_samples,
+            "taken_this_version": list(self._taken),
             "groups": [[_sample_state(s) for s in group] for group in groups],
         }
 
@@ -245,6 +279,7 @@ class BufferActor(Actor):
         self._consumed = state["consumed_groups"]
         self._dropped_groups = state["dropped_stale_groups"]
         self._dropped_samples = state["dropped_stale_samples"]
+        self._taken = tuple(state.get("taken_this_version", (self.version, 0)))
         self._groups = groups
         self._pump()
 
@@ -271,9 +306,21 @@ class BufferActor(Actor):
                 waiter.future.set_result(None)  # no more data: the loop ends instead of waiting forever
                 served = True
                 continue
+            if self._must_wait(waiter):
+                if self._held_since is None:
+                    self._held_since = time.monotonic()
+                    self._straggler_holds += 1
+                break
+            self._straggler_hold_s += self._hold_so_far()
+            self._held_since = None
             self._get_waiters.popleft()
             entries = self._take(waiter.n_groups)
             self._consumed += len(entries)
+            taken_version, taken = self._taken
+            self._taken = (waiter.train_version, len(entries) + (taken if taken_version == waiter.train_version else 0))
+            if self.mask_offpolicy and self.max_staleness is not None:
+                self._masked_out_samples += sum(
+                    _fully_masked(s, waiter.train_version, self.max_staleness) for e in entries for s in e.group)
             oldest = [e.oldest for e in entries if e.oldest is not None]
             if oldest:
                 self._last_staleness_max = max(staleness(waiter.train_version, v) for v in oldest)
@@ -311,10 +358,47 @@ class BufferActor(Actor):
             if not self._may_admit():
                 break
             self._reserve_waiters.popleft()
-            self._reserved += 1
-            future.set_result(None)
+            self._admitted[self.version] += 1
+            future.set_result(self.version)
             served = True
         return served
+
+    def _must_wait(self, waiter: _GetWaiter) -> bool:
+        """--straggler-policy wait: hold this get for a group in flight (see the module docstring)."""
+        if not self.wait_for_stragglers or self.max_staleness is None or not (self._admitted or self._put_waiters):
+            return False
+        k, t = self.max_staleness, waiter.train_version
+        # Only groups that can enter the buffer before a get makes room are worth waiting for:
+        # the puts that fit (served right after the gets), then the reservations behind them.
+        # (Room runs out only in a buffer restored fuller than its capacity.)
+        room = self.capacity - len(self._groups)
+        entering = [deadline(self._reference(w.entry, self.version), k) for w in list(self._put_waiters)[:room]]
+        if len(self._put_waiters) < room:
+            entering += [deadline(v, k) for v, n in self._admitted.items() for _ in range(n)]
+        taken_version, taken = self._taken
+        return must_wait_for_stragglers(
+            buffered=[deadline(self._reference(e, self.version), k) for e in self._groups], in_flight=entering,
+            train_version=t, n_groups=waiter.n_groups, groups_per_version=self.groups_per_step,
+            taken_this_version=taken if taken_version == t else 0)
+
+    def _hold_so_far(self) -> float:
+        return 0.0 if self._held_since is None else time.monotonic() - self._held_since
+
+    def _retire(self, admitted: int | None) -> None:
+        """One reservation leaves flight: the one admitted at ``admitted`` if there is one, else
+        the oldest (a caller that does not say: the buffer then waits for no straggler it has not
+        got — at worst a group is dropped as before ``--straggler-policy``)."""
+        if admitted is None or not self._admitted[admitted]:
+            if admitted is not None:
+                log.debug("buffer: no reservation admitted at version %s; retiring the oldest", admitted)
+            admitted = min(v for v, n in self._admitted.items() if n)
+        self._admitted[admitted] -= 1
+        if not self._admitted[admitted]:
+            del self._admitted[admitted]
+
+    @property
+    def _reserved(self) -> int:
+        return sum(self._admitted.values())
 
     def _never_filled(self, n_groups: int) -> bool:
         """No group will come any more and those buffered or waiting to enter are too few."""
@@ -387,6 +471,12 @@ def _generated_versions(group: Group) -> tuple[int | None, int | None]:
     if not versions:
         return None, None
     return min(versions), max(versions)
+
+
+def _fully_masked(sample: Sample, train_version: int, max_staleness: int) -> bool:
+    """A sample that had trainable tokens and whose every one is too old for ``train_version``."""
+    versions = [v for v, m in zip(sample.token_versions, sample.loss_mask) if m]
+    return bool(versions) and is_too_stale(train_version, max(versions), max_staleness)
 
 
 def _sample_state(sample: Sample) -> dict[str, Any]:

@@ -22,6 +22,16 @@ count are therefore exactly the dropped ones; counting them would only admit les
 assumes each step consumes exactly G groups and each step bumps the version by one; anything
 that still ends up too old (e.g. a step that consumed fewer groups) is caught by
 `is_too_stale` at training time and dropped.
+
+Stragglers. The rule also assumes groups are trained in admission order, but they finish out of
+it: a group with a long-tail sample is still generating when the groups admitted after it are
+done. A step that trains those instead and bumps the version moves the straggler past its
+*deadline* (admission version + k, the last version that may train it), and it is dropped when it
+finally arrives — generated, then thrown away. `must_wait_for_stragglers` is the rule that
+prevents it (`--straggler-policy wait`): a step waits while taking the buffered groups now would
+leave more groups due by some version than the steps up to that version can take. Waiting never
+breaks the bound (versions only move later) and frees it from the order assumption: a group is
+trained at its deadline at the latest whenever the steps up to it have room for everything due.
 """
 
 from __future__ import annotations
@@ -52,6 +62,47 @@ def may_admit(
     """Whether one more group may be submitted now: consumed + pending < max_admissible_groups."""
     limit = max_admissible_groups(version, max_staleness, groups_per_step)
     return consumed_groups + pending_groups < limit
+
+
+def deadline(version: int, max_staleness: int) -> int:
+    """The last policy version that may train a token generated at ``version`` (or any token of a
+    group admitted at ``version``, all of which are generated at that version or later)."""
+    return version + max_staleness
+
+
+def must_wait_for_stragglers(
+    buffered: Sequence[int],
+    in_flight: Sequence[int],
+    train_version: int,
+    n_groups: int,
+    groups_per_version: int,
+    taken_this_version: int = 0,
+) -> bool:
+    """Whether a step at ``train_version`` taking ``n_groups`` should wait for groups in flight.
+
+    ``buffered`` / ``in_flight``: the deadlines (`deadline`) of the groups in the buffer and of
+    those still being generated (of their admission version: a lower bound). The step would take
+    the ``n_groups`` buffered groups of earliest deadline (`oldest_first`), the latest of them due
+    at D. After it, the steps up to version u can take ``room(u) = (groups_per_version −
+    taken_this_version − n_groups) + (u − train_version) · groups_per_version`` groups (the rest of
+    this version's steps, then a whole version's each). The step waits when for some u < D more
+    groups in flight are due by u than room(u): one of them will miss its deadline, and it could
+    have taken the place of a group due at D had the step waited for it. Every buffered group due
+    before D is in the step, so only groups in flight can be left behind that way; for u >= D
+    waiting cannot help (the step is full of groups at least as urgent). Groups in flight past
+    their deadline already (< ``train_version``) are lost either way and are not waited for."""
+    if n_groups <= 0 or groups_per_version <= 0:
+        raise ValueError(f"n_groups and groups_per_version must be > 0, got {n_groups}, {groups_per_version}")
+    if len(buffered) < n_groups:
+        return False  # the step cannot be served yet anyway; nothing to decide
+    latest_taken = sorted(buffered)[n_groups - 1]
+    urgent = sorted(d for d in in_flight if train_version <= d < latest_taken)
+    room_now = max(0, groups_per_version - taken_this_version - n_groups)
+    for count, due in enumerate(urgent, start=1):
+        last_of_its_deadline = count == len(urgent) or urgent[count] != due
+        if last_of_its_deadline and count > room_now + (due - train_version) * groups_per_version:
+            return True
+    return False
 
 
 def staleness(train_version: int, oldest_token_version: int) -> int:

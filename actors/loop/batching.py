@@ -48,9 +48,12 @@ def build_train_batch(
     samples = [sample for group in groups for sample in group]
     width = max((s.response_length for s in samples), default=0)
     loss_mask = _pad([s.loss_mask for s in samples], width)
+    masked: dict[str, float] = {}
     if mask_offpolicy and max_staleness is not None:
         versions = _pad([s.token_versions for s in samples], width, torch.long)
+        generated = loss_mask
         loss_mask = loss_mask * offpolicy_token_mask(versions, train_version, max_staleness).float()
+        masked = masked_stale_metrics(generated, loss_mask)
     rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
     group_ids = torch.tensor([s.group_index for s in samples])
     kl = None
@@ -88,7 +91,7 @@ def build_train_batch(
         batch.values = [list(map(float, row)) for row in values]
         batch.returns = [returns[i, : s.response_length].tolist() for i, s in enumerate(samples)]
     batch.check()
-    return batch, staleness_metrics(samples, train_version, batch.loss_masks) | trajectory_metrics(samples)
+    return batch, staleness_metrics(samples, train_version, batch.loss_masks) | masked | trajectory_metrics(samples)
 
 
 async def trainer_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]], temperature: float,
@@ -108,6 +111,16 @@ async def advantage_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample
     old = (await trainer_logprobs(trainer, groups, temperature, "actor")
            if needs_old_for_advantages(spec) else None)
     return ref, old
+
+
+def masked_stale_metrics(generated: torch.Tensor, trained: torch.Tensor) -> dict[str, float]:
+    """What --mask-offpolicy-in-partial-rollout took out of this batch: ``rollout/masked_stale_tokens``
+    (generated tokens whose loss it zeroed) and ``rollout/masked_stale_samples`` (samples left with
+    no trained token: as good as dropped, though their reward still counts in their group's baseline)."""
+    had = generated.sum(dim=1) > 0
+    left = trained.sum(dim=1) > 0
+    return {"rollout/masked_stale_tokens": float((generated - trained).sum()),
+            "rollout/masked_stale_samples": float((had & ~left).sum())}
 
 
 def trajectory_metrics(samples: Sequence[Sample]) -> dict[str, float]:

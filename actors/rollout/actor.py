@@ -7,8 +7,11 @@ is all the pacing the three training modes need (sync = bound 0, one-step-off = 
 engines' capacity in flight (``policies.concurrency``, re-read from the router every second so
 that engines joining or leaving count; ``--rollout-concurrency`` caps it), scored, filtered by
 the dynamic-sampling hook, then ``put`` into the buffer — or the reservation is cancelled and
-the drop counted. Once the prompts are exhausted and the last group in flight is settled, the
-producer tells the buffer ``end_of_data``, which answers the trainer's waiting ``get``.
+the drop counted. ``reserve`` answers with the admission version, which the put (or the
+cancellation) hands back: the buffer then knows the deadline of every group still generating
+and can hold a training step for a straggler (``--straggler-policy wait``). Once the prompts
+are exhausted and the last group in flight is settled, the producer tells the buffer
+``end_of_data``, which answers the trainer's waiting ``get``.
 """
 
 from __future__ import annotations
@@ -198,12 +201,16 @@ class RolloutActor(Actor):
     async def _produce(self) -> None:
         await self._update_concurrency(first=True)
         while True:
+            # A group slot first, then admission: the version a group is admitted at is its deadline's
+            # start (the buffer may hold a step for it), so it is taken when the group can start.
+            await self._group_slots.acquire()
             waited = self.ctx.trace.now()
-            await self.buffer.ask("reserve", timeout=None)
+            # The admission version: handed back with the group's put, it tells the buffer which
+            # group left flight, so that a step can wait for a straggler before its deadline.
+            admitted = await self.buffer.ask("reserve", timeout=None)
             # Admission: the staleness bound (or capacity) holds this group back.
             self.ctx.trace.record("wait for admission", self._admission_waits, waited, cat="buffer_wait",
                                   min_seconds=MIN_WAIT)
-            await self._group_slots.acquire()
             prompt, attempts = self._next_prompt()
             while prompt is None and self._in_flight_prompts:
                 # Data is exhausted, but a group in flight may still fail and hand its prompt back.
@@ -212,7 +219,7 @@ class RolloutActor(Actor):
                 prompt, attempts = self._next_prompt()
             if prompt is None:
                 self._group_slots.release()
-                await self.buffer.ask("cancel_reservation")
+                await self.buffer.ask("cancel_reservation", admitted=admitted)
                 # Each settled group sent its put or cancellation before this (mailboxes are FIFO).
                 await self.buffer.ask("end_of_data")
                 log.info("rollout: prompt data exhausted")
@@ -224,7 +231,7 @@ class RolloutActor(Actor):
             self._in_flight_prompts[group_index] = prompt
             self._prompt_tokens_started += len(getattr(prompt, "prompt_ids", ()) or ())
             self._prompts_started += 1
-            task = self.spawn(self._run_group(prompt, attempts, group_index), name="rollout:group")
+            task = self.spawn(self._run_group(prompt, attempts, group_index, admitted), name="rollout:group")
             task.add_done_callback(lambda _: self._group_slots.release())
 
     async def _follow_engines(self) -> None:
@@ -260,7 +267,7 @@ class RolloutActor(Actor):
             return self._retry.pop(0)
         return self.dataset.next_prompt(), 0
 
-    async def _run_group(self, prompt: Any, attempts: int, group_index: int) -> None:
+    async def _run_group(self, prompt: Any, attempts: int, group_index: int, admitted: int | None) -> None:
         try:
             group = await self._generate_group(prompt, group_index)
         except Exception as error:  # noqa: BLE001 - engine errors are counted and survived
@@ -278,7 +285,7 @@ class RolloutActor(Actor):
             else:
                 log.error("rollout: group %d failed %d times, dropped: %s", group_index, MAX_GROUP_ATTEMPTS, error)
                 self._counters["groups_failed"] += 1
-            await self.buffer.ask("cancel_reservation")
+            await self.buffer.ask("cancel_reservation", admitted=admitted)
             return
         self._consecutive_failures = 0
         for session_id in {s.session_id for s in group if s.session_id}:
@@ -294,11 +301,11 @@ class RolloutActor(Actor):
             self._counters["groups_failed"] += 1
         self._settle(group_index)
         if not keep:
-            await self.buffer.ask("cancel_reservation")
+            await self.buffer.ask("cancel_reservation", admitted=admitted)
             return
         self._record(group)
         waited = self.ctx.trace.now()
-        await self.buffer.ask("put", group, timeout=None)
+        await self.buffer.ask("put", group, admitted=admitted, timeout=None)
         self.ctx.trace.record("wait for space", self._space_waits, waited, cat="buffer_wait", min_seconds=MIN_WAIT,
                               group=group_index)
 

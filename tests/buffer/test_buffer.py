@@ -1,4 +1,5 @@
-"""BufferActor: backpressure, staleness admission, stale drops, FIFO, end of data, checkpoint round-trip."""
+"""BufferActor: backpressure, staleness admission, stale drops, FIFO, stragglers, end of data,
+checkpoint round-trip, and simulations of uneven and long-tail generation."""
 
 from __future__ import annotations
 
@@ -37,9 +38,9 @@ async def start_buffer():
     refs = []
 
     async def start(capacity: int = 8, max_staleness: int | None = None, groups_per_step: int = 1,
-                    mask_offpolicy: bool = False, **kwargs):
+                    mask_offpolicy: bool = False, straggler_policy: str = "wait", **kwargs):
         config = BufferConfig(buffer_capacity=capacity, max_staleness=max_staleness,
-                              mask_offpolicy_in_partial_rollout=mask_offpolicy)
+                              mask_offpolicy_in_partial_rollout=mask_offpolicy, straggler_policy=straggler_policy)
         ref = await spawn(BufferActor(config, groups_per_step=groups_per_step, **kwargs))
         refs.append(ref)
         return ref
@@ -223,6 +224,90 @@ async def test_group_without_generated_tokens_is_never_stale(start_buffer):
     assert indices(await buffer.ask("get", 1, 5)) == [0]
 
 
+async def test_masked_out_samples_are_counted_when_their_group_is_trained(start_buffer):
+    buffer = await start_buffer(max_staleness=1, mask_offpolicy=True)
+    group = make_group(0, 0, 2)  # both samples: a v0 token (masked at v2) and a v2 token
+    group[1].token_versions = [0, 0]  # this one has only v0 tokens: nothing left to train at v2
+    await buffer.ask("put", group)
+    assert indices(await buffer.ask("get", 1, 2)) == [0]
+    metrics = await buffer.ask("metrics")
+    assert (metrics["buffer/dropped_stale"], metrics["buffer/masked_out_samples"]) == (0, 1)
+
+
+# ----- stragglers (--straggler-policy) ---------------------------------------------------------------
+async def test_reserve_answers_with_the_admission_version(start_buffer):
+    buffer = await start_buffer(max_staleness=1, version=3)
+    assert await buffer.ask("reserve") == 3
+
+
+async def straggler_setup(buffer) -> asyncio.Future:
+    """k = 1, G = 1: group 0 admitted at v0 (due at 1) is still generating; group 1, admitted at
+    v1, finished first. A step at version 1 is group 0's last chance: its get, asked now."""
+    assert await buffer.ask("reserve") == 0
+    await buffer.ask("set_version", 1)
+    assert await buffer.ask("reserve") == 1
+    await buffer.ask("put", make_group(1, 1), admitted=1)
+    get = ask_later(buffer, "get", 1, 1)
+    await settle()
+    return get
+
+
+async def test_a_step_waits_for_the_straggler_whose_deadline_it_is(start_buffer):
+    buffer = await start_buffer(max_staleness=1, groups_per_step=1)
+    get = await straggler_setup(buffer)
+    assert not get.done()
+    assert (await buffer.ask("metrics"))["buffer/straggler_holds"] == 1
+    await buffer.ask("put", make_group(0, 0), admitted=0)
+    assert indices(await get) == [0]
+    assert (await buffer.ask("metrics"))["buffer/dropped_stale"] == 0
+
+
+async def test_with_straggler_policy_drop_the_step_goes_ahead_and_the_straggler_is_dropped(start_buffer):
+    buffer = await start_buffer(max_staleness=1, groups_per_step=1, straggler_policy="drop")
+    get = await straggler_setup(buffer)
+    assert indices(await get) == [1]
+    await buffer.ask("set_version", 2)
+    await buffer.ask("put", make_group(0, 0), admitted=0)
+    assert (await buffer.ask("metrics"))["buffer/dropped_stale"] == 1
+
+
+async def test_a_cancelled_straggler_releases_the_step_it_held(start_buffer):
+    buffer = await start_buffer(max_staleness=1, groups_per_step=1)
+    get = await straggler_setup(buffer)
+    await buffer.ask("cancel_reservation", admitted=0)
+    assert indices(await get) == [1]
+
+
+async def test_a_put_without_its_admission_version_retires_the_oldest_reservation(start_buffer):
+    # Group 1 comes back without saying it was admitted at v1: the v0 reservation is retired, the
+    # buffer no longer knows of a straggler due at 1, and the step goes ahead (the old behaviour).
+    buffer = await start_buffer(max_staleness=1, groups_per_step=1)
+    await buffer.ask("reserve")
+    await buffer.ask("set_version", 1)
+    await buffer.ask("reserve")
+    await buffer.ask("put", make_group(1, 1))
+    assert indices(await buffer.ask("get", 1, 1)) == [1]
+
+
+async def test_a_step_is_not_held_for_a_group_that_waits_for_room(start_buffer):
+    # A full buffer (two groups due at 2) and a put waiting for space (due at 1): it can only enter
+    # after a get, so holding the get for it would wait forever.
+    buffer = await start_buffer(capacity=2, max_staleness=1, groups_per_step=1, version=1)
+    await buffer.ask("put", make_group(0, 1))
+    await buffer.ask("put", make_group(1, 1))
+    late = ask_later(buffer, "put", make_group(2, 0))
+    await settle()
+    assert indices(await buffer.ask("get", 1, 1)) == [0]
+    await late
+    assert (await buffer.ask("metrics"))["buffer/size"] == 2
+
+
+def test_waiting_for_stragglers_needs_the_oldest_first_order():
+    with pytest.raises(ValueError, match="--straggler-policy wait .* --buffer-order oldest_first, got fifo"):
+        BufferConfig(buffer_order="fifo").validate()
+    BufferConfig(buffer_order="fifo", straggler_policy="drop").validate()
+
+
 # ----- end of data ---------------------------------------------------------------------------------
 async def test_a_waiting_get_is_answered_none_as_soon_as_the_data_ends(start_buffer):
     buffer = await start_buffer()
@@ -312,7 +397,7 @@ async def simulate(buffer, *, k: int, groups_per_step: int, steps: int, workers:
     async def producer(worker: int) -> None:
         nonlocal puts
         for n in range(10_000):
-            await buffer.ask("reserve", timeout=None)
+            admitted = await buffer.ask("reserve", timeout=None)
             group_index = worker * 10_000 + n
             samples = [Sample(group_index=group_index, index=i, prompt="p", tokens=[1]) for i in range(2)]
             for _ in range(rng.randint(1, max_chunks)):  # chunks, resumed across weight syncs
@@ -320,10 +405,10 @@ async def simulate(buffer, *, k: int, groups_per_step: int, steps: int, workers:
                     sample.append_generated([5], [-1.0], version=policy["version"])
                 await settle(rng.randint(0, chunk_yields))
             if rng.random() < 0.1:  # dropped by a dynamic-sampling filter
-                await buffer.ask("cancel_reservation")
+                await buffer.ask("cancel_reservation", admitted=admitted)
                 continue
             puts += 1
-            await buffer.ask("put", samples, timeout=None)
+            await buffer.ask("put", samples, admitted=admitted, timeout=None)
 
     producers = [asyncio.ensure_future(producer(w)) for w in range(workers)]
     violations = []
@@ -383,24 +468,28 @@ async def test_simulation_stragglers_and_version_jumps_are_dropped_never_trained
     assert accounted(metrics) == puts
 
 
-async def test_simulation_oldest_first_trains_late_groups_before_they_go_stale(start_buffer):
+async def test_simulation_oldest_first_and_waiting_for_stragglers_keep_late_groups(start_buffer):
     """The stragglers' run with one version per step: taking the oldest buffered groups first
-    (--buffer-order oldest_first, the default) drops far fewer late groups than taking them in
-    the order they finished, and neither trains a group beyond the bound."""
+    (--buffer-order oldest_first) drops far fewer late groups than taking them in the order they
+    finished, waiting for the stragglers (--straggler-policy wait, the default) drops none, and no
+    configuration trains a group beyond the bound."""
     dropped = {}
-    for order in ("fifo", "oldest_first"):
-        dropped[order] = 0
+    for order, stragglers in (("fifo", "drop"), ("oldest_first", "drop"), ("oldest_first", "wait")):
+        dropped[order, stragglers] = 0
         for seed in (1, 2, 3):
-            buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=10, max_staleness=2, buffer_order=order),
-                                             groups_per_step=3))
+            config = BufferConfig(buffer_capacity=10, max_staleness=2, buffer_order=order,
+                                  straggler_policy=stragglers)
+            buffer = await spawn(BufferActor(config, groups_per_step=3))
             try:
-                violations, _, metrics = await simulate(buffer, k=2, groups_per_step=3, steps=40, workers=4,
-                                                        max_chunks=4, skip_probability=0.0, seed=seed)
+                violations, puts, metrics = await simulate(buffer, k=2, groups_per_step=3, steps=40, workers=4,
+                                                           max_chunks=4, skip_probability=0.0, seed=seed)
             finally:
                 await buffer.stop()
             assert violations == []
-            dropped[order] += metrics["buffer/dropped_stale"]
-    assert dropped == {"fifo": 24, "oldest_first": 3}  # seeds 1-3: 8 + 11 + 5 against 0 + 1 + 2
+            assert metrics["buffer/consumed_groups"] == 40 * 3 and accounted(metrics) == puts
+            dropped[order, stragglers] += metrics["buffer/dropped_stale"]
+    # seeds 1-3: 8 + 11 + 5, 0 + 1 + 2, 0 + 0 + 0
+    assert dropped == {("fifo", "drop"): 24, ("oldest_first", "drop"): 3, ("oldest_first", "wait"): 0}
 
 
 async def test_oldest_first_takes_the_oldest_groups_and_keeps_the_rest_in_arrival_order(start_buffer):
@@ -411,3 +500,26 @@ async def test_oldest_first_takes_the_oldest_groups_and_keeps_the_rest_in_arriva
     assert indices(await buffer.ask("get", 2, 2)) == [0, 2]  # v1, then the first v2 by arrival
     metrics = await buffer.ask("metrics")
     assert metrics["buffer/dropped_stale"] == 0 and metrics["buffer/dropped_stale_frac"] == 0.0
+
+
+async def test_simulation_long_tail_waiting_for_stragglers_throws_nothing_away():
+    """benchmarks/admission_sim.py's H200 long-tail workload, scaled down (G = 8 groups of 8, 10%
+    of samples 2,048 tokens, the rest <= 128; k = 2) against the real BufferActor: going ahead of
+    the stragglers drops about a fifth of the finished groups (their long samples take more than
+    k + 1 steps at the engine's shared rate); waiting for them drops none, keeps the engine busy
+    and trains more tokens per second; neither trains a token beyond the bound."""
+    from benchmarks.admission_sim import POLICIES, SimConfig, simulate as simulate_long_tail
+
+    results = {}
+    for name in ("old", "new"):
+        for seed in (1, 2):
+            config = SimConfig(groups_per_step=8, train_s=0.4, steps=20, max_staleness=2, seed=seed)
+            results[name, seed] = await simulate_long_tail(config, POLICIES[name])
+    for (name, seed), r in results.items():
+        assert r.violations == 0 and r.trained_groups == 8 * 20, (name, seed)
+        if name == "old":
+            assert r.dropped_frac > 0.1, seed
+        else:
+            assert r.dropped_groups == 0 and r.dropped_samples == 0, seed
+            assert r.busy_frac >= 0.9, seed
+            assert r.trained_tokens_per_s > results["old", seed].trained_tokens_per_s

@@ -73,6 +73,20 @@ def test_the_offpolicy_mask_zeroes_the_loss_and_advantage_of_too_old_tokens(grou
     assert metrics["rollout/staleness_mean"] == 0.25
     assert metrics["rollout/staleness_max"] == 1.0
     assert metrics["rollout/offpolicy_token_frac"] == pytest.approx(0.4)
+    # s0's two v0 tokens; every sample keeps a trained token
+    assert (metrics["rollout/masked_stale_tokens"], metrics["rollout/masked_stale_samples"]) == (2, 0)
+
+
+def test_a_sample_the_offpolicy_mask_leaves_without_a_trained_token_is_counted(groups):
+    # --max-staleness 0 at version 2 keeps only v2 tokens: s0 loses its two v0 tokens (keeps 13),
+    # s2 loses both of its v1 tokens and has none left -> 4 tokens, 1 sample
+    _, metrics = _build(groups, max_staleness=0, mask_offpolicy=True)
+    assert (metrics["rollout/masked_stale_tokens"], metrics["rollout/masked_stale_samples"]) == (4, 1)
+
+
+def test_without_the_offpolicy_mask_no_masked_metrics_are_reported(groups):
+    _, metrics = _build(groups, max_staleness=1)
+    assert "rollout/masked_stale_tokens" not in metrics
 
 
 def test_building_a_batch_leaves_the_samples_as_generated(groups):

@@ -1,8 +1,8 @@
 """The rollout's checkpoint holds every prompt its data cursor has passed.
 
 A real RolloutActor and BufferActor; the router is a stand-in whose generations never end, so
-the producer fills every group slot and then waits for one with a buffer reservation in hand —
-the moment a checkpoint must not lose a prompt.
+the producer fills every group slot and then waits for another (it reserves a buffer slot only
+once it has a group slot) — the moment a checkpoint must not lose a prompt.
 """
 
 from __future__ import annotations
