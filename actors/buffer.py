@@ -137,8 +137,8 @@ class BufferActor(Actor):
         if groups_per_step <= 0:
             raise ValueError(f"groups_per_step must be > 0, got {groups_per_step}")
         if config.buffer_capacity is None:
-            # Resolved once, in RunConfig.resolved() (default_capacity); a buffer built by hand says its size.
-            raise ValueError("BufferActor: buffer_capacity must be set (RunConfig.resolved() fills it in)")
+            # Resolved once, in RunConfig.resolve() (default_capacity); a buffer built by hand says its size.
+            raise ValueError("BufferActor: buffer_capacity must be set (RunConfig.resolve() fills it in)")
         self.capacity = config.buffer_capacity
         self.max_staleness = config.max_staleness
         self.mask_offpolicy = config.mask_offpolicy_in_partial_rollout

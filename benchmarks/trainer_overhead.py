@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from actors.megatron.config import TrainerConfig  # noqa: E402
 from actors.trainer.actor import TrainerActor  # noqa: E402
-from policies.loss_spec import LossSpec  # noqa: E402
+from policies.algorithm import AlgorithmConfig  # noqa: E402
 from slime_async.actor import spawn  # noqa: E402
 from slime_async.batch import Batch  # noqa: E402
 
@@ -68,7 +68,7 @@ async def run(args: argparse.Namespace) -> None:
         trainer = await spawn(TrainerActor(config, Path(args.log_dir or Path(tmp) / "logs")))
         try:
             batch = make_batch(args.samples, args.seq_len, args.vocab)
-            spec = LossSpec()
+            spec = AlgorithmConfig()
             await trainer.ask("train_step", batch, spec, timeout=None)  # warm-up
             worker_s, rpc_s = [], []
             for _ in range(args.steps):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from policies.kl import kl_estimate
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from policies.losses import aggregate, cispo_loss, gspo_loss, ppo_clip_loss, sft_loss
 from policies.off_policy import (
     decoupled_behaviour_weights,
@@ -35,7 +35,7 @@ class ObjectiveOutput:
 
 
 def compute_objective(
-    spec: LossSpec,
+    spec: AlgorithmConfig,
     *,
     logprobs: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -105,7 +105,7 @@ def compute_objective(
 
 
 def _policy_loss(
-    spec: LossSpec,
+    spec: AlgorithmConfig,
     logprobs: torch.Tensor,
     loss_mask: torch.Tensor,
     advantages: torch.Tensor | None,

@@ -9,7 +9,7 @@ import torch
 from policies.advantages import compute_advantages
 from policies.gae import ppo_advantages
 from policies.kl import kl_estimate
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from policies.requirements import needs_old_for_advantages, needs_reference
 from policies.staleness import offpolicy_token_mask, staleness
 from slime_async.actor import ActorRef
@@ -26,7 +26,7 @@ def _pad(rows: Sequence[Sequence[float]], width: int, dtype: torch.dtype = torch
 
 def build_train_batch(
     groups: Sequence[Sequence[Sample]],
-    spec: LossSpec,
+    spec: AlgorithmConfig,
     *,
     train_version: int,
     temperature: float,
@@ -104,7 +104,7 @@ async def trainer_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]]
     return [list(row.logprobs) for row in rows]
 
 
-async def advantage_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]], spec: LossSpec,
+async def advantage_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]], spec: AlgorithmConfig,
                              temperature: float) -> tuple[list[list[float]] | None, list[list[float]] | None]:
     """(π_ref, π_old) logprobs that the loss and the advantages need before training (None if not)."""
     ref = await trainer_logprobs(trainer, groups, temperature, "ref") if needs_reference(spec) else None

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from policies.value_loss import explained_variance, masked_mean
 from slime_async.actor import ActorRef
 from slime_async.batch import Batch, batch_from_samples
@@ -20,7 +20,7 @@ from actors.loop.run_config import RunConfig
 from slime_async.sample import Sample
 
 
-def uses_critic(spec: LossSpec) -> bool:
+def uses_critic(spec: AlgorithmConfig) -> bool:
     return spec.loss_type == "policy_loss" and spec.advantage_estimator == "ppo"
 
 

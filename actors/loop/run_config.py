@@ -19,7 +19,7 @@ from actors.megatron.config import TrainerConfig
 from actors.monitor import MonitorConfig
 from actors.rollout.config import RolloutConfig
 from actors.router.config import RouterConfig
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from policies.requirements import needs_reference
 from slime_async.config.loader import Schema, load_config
 from slime_async.config.sections import CheckpointConfig, ClusterConfig
@@ -30,7 +30,7 @@ from slime_async.quiesce import leaves_engine_idle
 class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algorithm: LossSpec = field(default_factory=LossSpec)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

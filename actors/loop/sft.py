@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from slime_async.actor import ActorRef
 from slime_async.batch import batch_from_samples
 from slime_async.sample import Sample, Status
@@ -45,7 +45,7 @@ def label_segments(label: Any, row: int) -> list[tuple[str, bool]]:
     return segments
 
 
-async def sft_loop(*, trainer: ActorRef, monitor: ActorRef, dataset: Any, tokenizer: Any, spec: LossSpec,
+async def sft_loop(*, trainer: ActorRef, monitor: ActorRef, dataset: Any, tokenizer: Any, spec: AlgorithmConfig,
                    batch_size: int, total_steps: int, save_hf: str | None) -> int:
     index = 0
     for step in range(1, total_steps + 1):

@@ -35,7 +35,7 @@ from actors.trainer import worker
 from actors.trainer.protocol import SampleLogprobs
 from actors.trainer.torchrun import DEATH_REPORT_GRACE, WATCH_INTERVAL, TorchrunGroup, TrainerRankDied
 from slime_async.weights.protocol import WeightGroupSpec
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from policies.requirements import needs_old_logprobs
 from slime_async.actor import Actor, ActorFailed, ActorRef, Deferred, spawn
 from slime_async.child_env import PACKAGES_ROOT, child_pythonpath
@@ -328,14 +328,14 @@ class TrainerActor(Actor):
         return bins, [(shards[info.dp_rank],) for info in ranks]
 
     # ----- operations (answered through defer) -----------------------------------------------------
-    def train_step(self, batch: Batch, loss_spec: LossSpec, *, max_response_len: int | None = None) -> Deferred:
+    def train_step(self, batch: Batch, loss_spec: AlgorithmConfig, *, max_response_len: int | None = None) -> Deferred:
         """Train on one rollout's ``batch``: len(batch) / --global-batch-size optimizer steps (one when
         unset), on consecutive global batches. Before the first of several steps, π_old is recomputed
         for the whole batch (unless given, or --use-rollout-logprobs). Returns the global metrics
         (loss parts, grad_norm, lr, ...) averaged over the steps, plus num_optimizer_steps."""
         return self.defer(self._train_step(batch, loss_spec, max_response_len))
 
-    async def _train_step(self, batch: Batch, loss_spec: LossSpec, max_response_len: int | None) -> dict[str, float]:
+    async def _train_step(self, batch: Batch, loss_spec: AlgorithmConfig, max_response_len: int | None) -> dict[str, float]:
         steps = split_into_global_batches(len(batch), self.config.global_batch_size)
         if len(steps) > 1 and needs_old_logprobs(loss_spec) and batch.old_logprobs is None:
             # The steps after the first move π_θ away from the policy that π_old must stay:
@@ -350,7 +350,7 @@ class TrainerActor(Actor):
             await asyncio.sleep(self.config.train_step_delay)
         return mean_step_metrics(per_step)
 
-    async def _optimizer_step(self, batch: Batch, loss_spec: LossSpec, max_response_len: int | None) -> dict[str, float]:
+    async def _optimizer_step(self, batch: Batch, loss_spec: AlgorithmConfig, max_response_len: int | None) -> dict[str, float]:
         normalizer = batch.normalizer(loss_spec.loss_agg, max_response_len)
         _, shards = self._shard(batch)
         per_rank = [(shard, loss_spec, normalizer) for (shard,) in shards]

@@ -32,7 +32,7 @@ from actors.trainer.logprobs import vocab_parallel_logprobs
 from actors.trainer.protocol import SampleLogprobs
 from slime_async.weights.protocol import TensorMeta, WeightGroupSpec
 from actors.trainer.weight_broadcast import WeightBroadcaster
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from policies.objective import compute_objective
 from slime_async.batch import Batch
 
@@ -146,7 +146,7 @@ class TrainerOps(DeviceResidency, MegatronRank):
         return result  # type: ignore[return-value]
 
     # ----- training ------------------------------------------------------------------------------
-    def train_step(self, batch: Batch, loss_spec: LossSpec, normalizer: float) -> dict[str, float] | None:
+    def train_step(self, batch: Batch, loss_spec: AlgorithmConfig, normalizer: float) -> dict[str, float] | None:
         """One optimizer step on this rank's shard; ``normalizer`` is the global-batch one.
 
         Returns the global metrics (summed over micro-batches and DP ranks) on global rank 0

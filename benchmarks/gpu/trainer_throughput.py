@@ -224,7 +224,7 @@ def main() -> None:
 
     from actors.megatron.config import TrainerConfig
     from actors.trainer.ops import TrainerOps
-    from policies.loss_spec import LossSpec
+    from policies.algorithm import AlgorithmConfig
 
     config_hf = qwen25_config(args.shape)
     if int(os.environ["RANK"]) != 0:  # other ranks only take part in the collectives
@@ -233,7 +233,7 @@ def main() -> None:
         model_dir = Path(args.model_dir) if args.model_dir else write_random_model(Path(tmp) / "model", args.shape)
         peak = measured_matmul_peak()
         print(f"bf16 matmul peak measured here: {peak / 1e12:.0f} TFLOP/s; datasheet {DATASHEET_PEAK / 1e12:.0f}")
-        spec = LossSpec()
+        spec = AlgorithmConfig()
         logprobs = {}
         for variant in args.variants:
             head, attention_impl = variant.split("/")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from actors.loop.batching import build_train_batch
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from slime_async.sample import Sample, Status
 
 OLD = [[-1.0, -2.0, -0.5]]
@@ -28,13 +28,13 @@ def sample() -> Sample:
     return s
 
 
-def advantages(spec: LossSpec, old=OLD) -> list[float]:
+def advantages(spec: AlgorithmConfig, old=OLD) -> list[float]:
     batch, _ = build_train_batch([[sample()]], spec, train_version=0, temperature=1.0, ref_logprobs=REF,
                                  old_logprobs=old)
     return batch.advantages[0]
 
 
-SPEC = LossSpec(advantage_estimator="reinforce_plus_plus", kl_coef=1.0, kl_loss_type="k2")
+SPEC = AlgorithmConfig(advantage_estimator="reinforce_plus_plus", kl_coef=1.0, kl_loss_type="k2")
 
 
 def test_reinforce_plus_plus_kl_penalty_is_the_configured_estimator_of_pi_old_against_the_reference():
@@ -45,7 +45,7 @@ def test_use_rollout_logprobs_takes_the_penalty_on_mu_instead():
     # μ − π_ref = [0.7, 1.7, −0.3]; k1 = the same -> G = [−2.1 + 1, −1.4 + 1, 0.3 + 1] = [−1.1, −0.4, 1.3]
     # mean −0.0666667, centered [−1.0333333, −0.3333333, 1.3666667], var (1.0677778 + 0.1111111
     # + 1.8677778)/2 = 1.5233333, std 1.2342339 -> [−0.8372247, −0.2700725, 1.1072972]
-    spec = LossSpec(advantage_estimator="reinforce_plus_plus", kl_coef=1.0, kl_loss_type="k1",
+    spec = AlgorithmConfig(advantage_estimator="reinforce_plus_plus", kl_coef=1.0, kl_loss_type="k1",
                     use_rollout_logprobs=True)
     torch.testing.assert_close(torch.tensor(advantages(spec, old=None)),
                                torch.tensor([-0.8372247, -0.2700725, 1.1072972]))

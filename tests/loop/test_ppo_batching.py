@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from actors.loop.batching import build_train_batch
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from slime_async.sample import Sample, Status
 
 OLD = [[-1.0, -2.0, -0.5]]
 REF = [[-2.0, -4.0, -0.5]]
 VALUES = [[0.5, 0.2, 0.1]]
-SPEC = LossSpec(advantage_estimator="ppo", kl_coef=1.0, kl_loss_type="k1")
+SPEC = AlgorithmConfig(advantage_estimator="ppo", kl_coef=1.0, kl_loss_type="k1")
 
 
 def sample(loss_mask=None) -> Sample:
@@ -52,11 +52,11 @@ def test_a_tool_token_costs_no_kl_and_gets_no_advantage():
 
 def test_lambda_reaches_gae():
     # No KL: rewards [0, 0, 1]; λ = 0 -> A = δ = [0.2 − 0.5, 0.1 − 0.2, 1 − 0.1].
-    batch, _ = build_train_batch([[sample()]], LossSpec(advantage_estimator="ppo"), train_version=0,
+    batch, _ = build_train_batch([[sample()]], AlgorithmConfig(advantage_estimator="ppo"), train_version=0,
                                  temperature=1.0, values=VALUES, lambd=0.0)
     close(batch.advantages, [[-0.3, -0.1, 0.9]])
 
 
 def test_ppo_without_values_is_refused():
     with pytest.raises(ValueError, match="critic's values"):
-        build_train_batch([[sample()]], LossSpec(advantage_estimator="ppo"), train_version=0, temperature=1.0)
+        build_train_batch([[sample()]], AlgorithmConfig(advantage_estimator="ppo"), train_version=0, temperature=1.0)

@@ -20,10 +20,10 @@ import copy
 import pytest
 
 from actors.loop.batching import build_train_batch
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from slime_async.sample import Sample, Status
 
-SPEC = LossSpec(advantage_estimator="dr_grpo")
+SPEC = AlgorithmConfig(advantage_estimator="dr_grpo")
 
 
 def _sample(group: int, index: int, prompt: list[int], reward: float) -> Sample:

@@ -190,10 +190,10 @@ def test_trainer_packed_and_chunked_equals_padded_and_full_logits_before_and_aft
     """The whole TrainerOps: packed micro-batches (one-call attention) + the chunked head vs the
     right-padded, full-logits path, on samples of different lengths: logprobs, entropy, the
     step's loss and grad norm, and the logprobs after the update."""
-    from policies.loss_spec import LossSpec
+    from policies.algorithm import AlgorithmConfig
 
     batch = _varied_batch()
-    spec = LossSpec(entropy_coef=0.01)
+    spec = AlgorithmConfig(entropy_coef=0.01)
     results = []
     for kernels in (dict(attention_impl="loop", logprob_impl="full"),
                     dict(attention_impl="varlen", logprob_impl="chunked", log_probs_chunk_size=4)):

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from worker_fixtures import env_threads, fixed_batch, running_trainer, trainer_config
 
 pytestmark = pytest.mark.slow
 
 SHIFT = 0.1
-PPO = LossSpec(eps_clip=0.2)
+PPO = AlgorithmConfig(eps_clip=0.2)
 
 
 async def _scenario(hf_dir: Path, work: Path) -> dict:

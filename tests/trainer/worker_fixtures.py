@@ -18,7 +18,7 @@ import torch
 
 from actors.trainer.actor import TrainerActor
 from actors.megatron.config import TrainerConfig
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from slime_async.actor import ActorRef, spawn
 from slime_async.batch import Batch
 from slime_async.process import ProcessChild, ProcessSpec, http_ready
@@ -29,8 +29,8 @@ TEMPERATURE = 0.7
 
 # PPO with the KL loss and an entropy bonus: every loss part and the reference path are used,
 # and π_old is fixed, so the loss moves from step to step.
-PPO_KL = LossSpec(use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
-SFT = LossSpec(loss_type="sft")
+PPO_KL = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
+SFT = AlgorithmConfig(loss_type="sft")
 
 
 def fixed_batch(old_logprobs: list[list[float]] | None = None, ref_logprobs: list[list[float]] | None = None) -> Batch:

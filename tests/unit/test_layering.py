@@ -212,7 +212,7 @@ def test_a_library_importing_a_component_is_caught():
 
 def test_the_runtime_importing_a_component_a_rule_or_an_example_is_caught():
     source = ("def f():\n    from actors.router.completion import find_stop\n"
-              "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from policies.loss_spec import LossSpec\n"
+              "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from policies.algorithm import AlgorithmConfig\n"
               "import examples.models.tiny\n")
     assert sorted(imp.line for imp in runtime_violations(imports_of("slime_async/stop_strings.py", source))) == [2, 5, 6]
 

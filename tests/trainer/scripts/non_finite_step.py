@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from actors.megatron.config import TrainerConfig
 from actors.trainer.ops import NonFiniteWeights, TrainerOps
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from slime_async.batch import Batch
 
 
@@ -40,7 +40,7 @@ def main() -> None:
     before = {n: p.detach().clone() for n, p in ops._params().items()}
     # Each rank trains its own shard (DP): only the last one's loss is NaN.
     shard = batch(math.nan if rank == world - 1 else 1.0)
-    metrics = ops.train_step(shard, LossSpec(), normalizer=float(sum(shard.response_lengths) * world))
+    metrics = ops.train_step(shard, AlgorithmConfig(), normalizer=float(sum(shard.response_lengths) * world))
     unchanged = all(torch.equal(before[n], p) for n, p in ops._params().items())
     with torch.no_grad():
         if rank == world - 1:

@@ -24,10 +24,10 @@ from actors.critic.ops import CriticOps
 from actors.megatron.config import TrainerConfig
 from actors.megatron.dp_split import split_across_dp
 from actors.trainer.ops import TrainerOps
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from slime_async.batch import Batch
 
-PPO_KL = LossSpec(use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
+PPO_KL = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
 RETURNS = [1.0, -1.0, 0.5, -0.5, 1.5, -1.5]
 
 

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 from policies.objective import compute_objective
 
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])
@@ -25,7 +25,7 @@ def logprobs():
     return torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]], requires_grad=True)
 
 
-def run(spec=LossSpec(), **kwargs):
+def run(spec=AlgorithmConfig(), **kwargs):
     kwargs.setdefault("logprobs", logprobs())
     kwargs.setdefault("loss_mask", MASK)
     kwargs.setdefault("normalizer", 3)
@@ -63,7 +63,7 @@ def test_clipped_tokens_are_counted_in_pg_clipfrac():
 
 def test_kl_loss_is_added_with_its_coefficient():
     # ref = logπ - 0.3 -> k1 = 0.3 per token -> kl_loss = 0.9/3 = 0.3; loss = -0.5 + 0.1·0.3 = -0.47
-    spec = LossSpec(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k1")
+    spec = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k1")
     out = run(spec, ref_logprobs=logprobs().detach() - 0.3)
     assert out.metrics["kl_loss"] == pytest.approx(0.3)
     assert out.loss.item() == pytest.approx(-0.47)
@@ -71,7 +71,7 @@ def test_kl_loss_is_added_with_its_coefficient():
 
 def test_entropy_bonus_is_subtracted_with_its_coefficient():
     # entropy 0.6 per token -> 1.8/3 = 0.6; loss = -0.5 - 0.01·0.6 = -0.506
-    out = run(LossSpec(entropy_coef=0.01), entropy=torch.full((2, 3), 0.6))
+    out = run(AlgorithmConfig(entropy_coef=0.01), entropy=torch.full((2, 3), 0.6))
     assert out.metrics["entropy"] == pytest.approx(0.6)
     assert out.loss.item() == pytest.approx(-0.506)
 
@@ -88,7 +88,7 @@ ROLLOUT_SHIFT = torch.tensor([[math.log(2.5), 0.0, 0.0], [0.0, 0.0, 0.0]])
 def test_tis_reweights_tokens_by_the_truncated_ratio():
     # π_old/μ = [[2.5 -> 2, 1], [1]]: pg = (-1·2 - 1·1 + 0.5·1)/3 = -2.5/3 = -0.8333333
     lp = logprobs()
-    out = run(LossSpec(use_tis=True), logprobs=lp, rollout_logprobs=lp.detach() - ROLLOUT_SHIFT)
+    out = run(AlgorithmConfig(use_tis=True), logprobs=lp, rollout_logprobs=lp.detach() - ROLLOUT_SHIFT)
     assert out.loss.item() == pytest.approx(-2.5 / 3)
     assert out.metrics["tis_weight_mean"] == pytest.approx(4 / 3)
     assert out.metrics["tis_clipfrac"] == pytest.approx(1 / 3)
@@ -110,7 +110,7 @@ def test_mismatch_metrics_are_absent_without_rollout_logprobs():
 def test_icepop_drops_mismatched_tokens_from_the_loss():
     # ratio 2.5 outside [0.5, 2]: token (0,0) dropped -> pg = (-1 + 0.5)/3 = -1/6
     lp = logprobs()
-    spec = LossSpec(use_icepop=True, icepop_low=0.5, icepop_high=2.0)
+    spec = AlgorithmConfig(use_icepop=True, icepop_low=0.5, icepop_high=2.0)
     out = run(spec, logprobs=lp, rollout_logprobs=lp.detach() - ROLLOUT_SHIFT)
     assert out.loss.item() == pytest.approx(-1 / 6)
     assert out.metrics["icepop_dropfrac"] == pytest.approx(1 / 3)
@@ -120,7 +120,7 @@ def test_icepop_alone_reweights_the_kept_tokens_by_the_ratio():
     # band [0.5, 3]: token (0,0) has π_old/μ = 2.5, kept with weight 2.5; the others ratio 1
     # pg = (-1·2.5 - 1·1 + 0.5·1)/3 = -3/3 = -1
     lp = logprobs()
-    spec = LossSpec(use_icepop=True, icepop_low=0.5, icepop_high=3.0)
+    spec = AlgorithmConfig(use_icepop=True, icepop_low=0.5, icepop_high=3.0)
     out = run(spec, logprobs=lp, rollout_logprobs=lp.detach() - ROLLOUT_SHIFT)
     assert out.loss.item() == pytest.approx(-1.0)
     assert out.metrics["icepop_dropfrac"] == 0.0
@@ -130,7 +130,7 @@ def test_mis_sequence_weight_multiplies_every_token_of_the_sequence():
     # seq 0: product 2.5 truncated to 2 -> tokens -1·2, -1·2; seq 1: weight 1 -> +0.5
     # pg = (-2 - 2 + 0.5)/3 = -3.5/3
     lp = logprobs()
-    spec = LossSpec(mis_level="sequence", mis_mode="truncate", mis_threshold_high=2.0)
+    spec = AlgorithmConfig(mis_level="sequence", mis_mode="truncate", mis_threshold_high=2.0)
     out = run(spec, logprobs=lp, rollout_logprobs=lp.detach() - ROLLOUT_SHIFT)
     assert out.loss.item() == pytest.approx(-3.5 / 3)
 
@@ -140,7 +140,7 @@ def test_decoupled_ppo_clips_against_proximal_and_weights_by_behaviour_ratio():
     # weights [[1, 2], [0]] -> pg = (-1·1 - 1·2 + 0.5·0)/3 = -1
     lp = logprobs()
     behaviour = lp.detach() - torch.tensor([[0.0, math.log(2.0), 0.0], [math.log(4.0), 0.0, 0.0]])
-    spec = LossSpec(use_decoupled_ppo=True, decoupled_behave_cap=3.0)
+    spec = AlgorithmConfig(use_decoupled_ppo=True, decoupled_behave_cap=3.0)
     out = run(spec, logprobs=lp, old_logprobs=lp.detach(), rollout_logprobs=behaviour)
     assert out.loss.item() == pytest.approx(-1.0)
     assert out.metrics["pg_clipfrac"] == 0.0
@@ -151,7 +151,7 @@ def test_decoupled_ppo_clips_against_proximal_and_weights_by_behaviour_ratio():
 def test_gspo_objective_applies_the_dual_clip(eps_clip_c, expected):
     # one sequence, s = exp(mean(ln 4, ln 4)) = 4, A = -1: PPO-clipped loss 4, dual clip 3·|A| = 3
     ln4 = math.log(4.0)
-    spec = LossSpec(policy_loss="gspo", loss_agg="seq_mean_token_mean", eps_clip_c=eps_clip_c)
+    spec = AlgorithmConfig(policy_loss="gspo", loss_agg="seq_mean_token_mean", eps_clip_c=eps_clip_c)
     out = compute_objective(spec, logprobs=torch.tensor([[ln4, ln4]], requires_grad=True),
                             loss_mask=torch.ones(1, 2), advantages=-torch.ones(1, 2),
                             old_logprobs=torch.zeros(1, 2), normalizer=1)
@@ -162,7 +162,7 @@ def test_use_rollout_logprobs_takes_mu_as_pi_old():
     # π_old := μ = logπ − ROLLOUT_SHIFT: token (0,0) has ratio π_θ/μ = 2.5 > 1.2 with A = 1 -> clipped
     # pg = (-1.2 - 1 + 0.5)/3 = -1.7/3; the given old_logprobs (= π_θ) are ignored
     lp = logprobs()
-    spec = LossSpec(use_rollout_logprobs=True)
+    spec = AlgorithmConfig(use_rollout_logprobs=True)
     out = run(spec, logprobs=lp, old_logprobs=lp.detach(), rollout_logprobs=lp.detach() - ROLLOUT_SHIFT)
     assert out.metrics["pg_loss"] == pytest.approx(-1.7 / 3)
     assert out.metrics["pg_clipfrac"] == pytest.approx(1 / 3)
@@ -172,26 +172,26 @@ def test_use_rollout_logprobs_takes_mu_as_pi_old():
 
 def test_gspo_objective_with_seq_mean_token_mean():
     # on-policy s = 1 -> per-token -A; seq means: -1 and +0.5 over 2 sequences -> -0.25
-    out = run(LossSpec(policy_loss="gspo", loss_agg="seq_mean_token_mean"), normalizer=2)
+    out = run(AlgorithmConfig(policy_loss="gspo", loss_agg="seq_mean_token_mean"), normalizer=2)
     assert out.loss.item() == pytest.approx(-0.25)
 
 
 def test_cispo_objective_on_policy_is_minus_advantage_times_logprob():
     # w = 1: -A·logπ: (-(1)(-1) - (1)(-2) - (-0.5)(-1))/3 = (1 + 2 - 0.5)/3 = 2.5/3
-    out = run(LossSpec(policy_loss="cispo"))
+    out = run(AlgorithmConfig(policy_loss="cispo"))
     assert out.loss.item() == pytest.approx(2.5 / 3)
 
 
 def test_sft_loss_is_mean_negative_logprob_and_needs_no_advantages():
     # (1 + 2 + 1)/3 = 4/3
-    out = run(LossSpec(loss_type="sft"))
+    out = run(AlgorithmConfig(loss_type="sft"))
     assert out.loss.item() == pytest.approx(4 / 3)
 
 
 def test_micro_batch_losses_and_metrics_sum_to_the_full_batch():
     lp = logprobs().detach()
     rollout = lp - ROLLOUT_SHIFT
-    spec = LossSpec(use_tis=True, use_kl_loss=True, kl_loss_coef=0.1)
+    spec = AlgorithmConfig(use_tis=True, use_kl_loss=True, kl_loss_coef=0.1)
     ref = lp - 0.3
     full = run(spec, logprobs=lp, rollout_logprobs=rollout, ref_logprobs=ref)
     halves = [
@@ -220,7 +220,7 @@ def test_zero_length_responses_give_a_zero_loss_that_backpropagates(policy_loss)
     lp = torch.zeros(2, 0, requires_grad=True)
     empty = torch.zeros(2, 0)
     out = compute_objective(
-        LossSpec(policy_loss=policy_loss, use_tis=True),
+        AlgorithmConfig(policy_loss=policy_loss, use_tis=True),
         logprobs=lp,
         loss_mask=empty,
         advantages=empty,
@@ -235,10 +235,10 @@ def test_zero_length_responses_give_a_zero_loss_that_backpropagates(policy_loss)
 @pytest.mark.parametrize(
     ("spec", "missing", "message"),
     [
-        (LossSpec(use_tis=True), "rollout_logprobs", "use_tis"),
-        (LossSpec(use_kl_loss=True, kl_loss_coef=0.1), "ref_logprobs", "ref_logprobs"),
-        (LossSpec(entropy_coef=0.01), "entropy", "entropy"),
-        (LossSpec(), "advantages", "advantages"),
+        (AlgorithmConfig(use_tis=True), "rollout_logprobs", "use_tis"),
+        (AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1), "ref_logprobs", "ref_logprobs"),
+        (AlgorithmConfig(entropy_coef=0.01), "entropy", "entropy"),
+        (AlgorithmConfig(), "advantages", "advantages"),
     ],
 )
 def test_missing_inputs_fail_naming_what_is_needed(spec, missing, message):
@@ -256,4 +256,4 @@ def test_missing_inputs_fail_naming_what_is_needed(spec, missing, message):
 
 def test_invalid_spec_is_rejected_before_computing():
     with pytest.raises(ValueError, match="eps_clip_c"):
-        run(dataclasses.replace(LossSpec(), eps_clip_c=0.5))
+        run(dataclasses.replace(AlgorithmConfig(), eps_clip_c=0.5))

@@ -1,6 +1,6 @@
-"""`LossSpec`: every algorithm knob of the training objective, named after slime's flags.
+"""`AlgorithmConfig`: every algorithm knob of the training objective, named after slime's flags.
 
-The trainer worker builds one `LossSpec` from the algorithm section of the config and passes it
+The trainer worker builds one `AlgorithmConfig` from the algorithm section of the config and passes it
 to `policies.objective.compute_objective` for every micro-batch. Field names are slime's flag
 names with dashes turned into underscores (`--eps-clip-high` -> `eps_clip_high`), so a slime
 recipe translates one to one.
@@ -29,7 +29,7 @@ MIS_MODES = ("truncate", "clip", "mask")
 
 
 @dataclass(frozen=True)
-class LossSpec:
+class AlgorithmConfig:
     """Algorithm knobs of the RL objective (defaults = vanilla GRPO with PPO clipping).
 
     Policy loss
@@ -104,7 +104,7 @@ class LossSpec:
         """The effective upper clip range (eps_clip_high, or eps_clip when unset)."""
         return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
 
-    def validate(self) -> "LossSpec":
+    def validate(self) -> "AlgorithmConfig":
         """Raise ValueError naming the offending field; return self so calls can chain."""
         _one_of("loss_type", self.loss_type, LOSS_TYPES)
         _one_of("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS)

@@ -1,26 +1,26 @@
-"""LossSpec validation: contradictory knobs fail with the field's name."""
+"""AlgorithmConfig validation: contradictory knobs fail with the field's name."""
 
 import dataclasses
 
 import pytest
 
-from policies.loss_spec import LossSpec
+from policies.algorithm import AlgorithmConfig
 
 
 def test_defaults_are_valid_grpo_with_ppo_clipping():
-    spec = LossSpec().validate()
+    spec = AlgorithmConfig().validate()
     assert (spec.loss_type, spec.advantage_estimator, spec.policy_loss) == ("policy_loss", "grpo", "ppo")
     assert spec.eps_clip == 0.2
 
 
 def test_clip_high_defaults_to_eps_clip():
-    assert LossSpec(eps_clip=0.25).clip_high == 0.25
-    assert LossSpec(eps_clip=0.2, eps_clip_high=0.28).clip_high == 0.28
+    assert AlgorithmConfig(eps_clip=0.25).clip_high == 0.25
+    assert AlgorithmConfig(eps_clip=0.2, eps_clip_high=0.28).clip_high == 0.28
 
 
 def test_spec_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
-        LossSpec().eps_clip = 0.3  # type: ignore[misc]
+        AlgorithmConfig().eps_clip = 0.3  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
@@ -53,13 +53,13 @@ def test_spec_is_frozen():
 )
 def test_validate_names_the_offending_field(overrides, field_name):
     with pytest.raises(ValueError, match=field_name):
-        LossSpec(**overrides).validate()
+        AlgorithmConfig(**overrides).validate()
 
 
 def test_a_kl_loss_with_coefficient_zero_is_accepted_as_in_slime_recipes():
     # slime's scripts pass --use-kl-loss --kl-loss-coef 0.0 to log the KL without training on it.
-    LossSpec(use_kl_loss=True, kl_loss_coef=0.0).validate()
+    AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.0).validate()
 
 
 def test_dual_clip_above_one_is_accepted():
-    LossSpec(eps_clip_c=3.0).validate()
+    AlgorithmConfig(eps_clip_c=3.0).validate()
