@@ -89,6 +89,7 @@ class WeightSyncActor(Actor):
         self._version: int | None = None  # the version the engines were last brought to
         self._rejoins = 0  # engines brought to the current version after a (re)join
         self._idle_flush_failures = 0
+        self._deferred_flush: asyncio.Task | None = None  # in_place / retract: the flush left with the engines
 
     def _transport(self, trainer: ActorRef, name: str, weights_dir: Path, delta_receivers: Mapping[str, str],
                    export_dir_check: Callable[[], Awaitable[None]] | None) -> Transport:
@@ -136,11 +137,13 @@ class WeightSyncActor(Actor):
             states = await self.router.ask("resume", str(version), timeout=self.timeout)
         self.trace.record(f"weight sync v{version}", lane, sync_span, cat="weight_sync", version=version,
                           transport=self.transport_name, mode=self.mode)
-        if self.colocation is None and not leaves_engine_idle(self.mode):
+        if self.colocation is None and not leaves_engine_idle(self.mode) and (
+                self._deferred_flush is None or self._deferred_flush.done()):
             # The engines held requests through the update: their prefix cache is flushed at their
-            # next idle moment (SGLang defers the flush; a flush still pending at the next sync makes
-            # that one's answer "already in progress", which changes nothing).
-            self.spawn(self._flush_when_idle_urls(urls, self.timeout), name=f"{self.name}:flush v{version}")
+            # next idle moment (SGLang defers the flush). One such flush at a time: one still
+            # pending from an earlier sync drops this sync's old prefixes too when it happens.
+            self._deferred_flush = self.spawn(self._flush_when_idle_urls(urls, self.timeout),
+                                              name=f"{self.name}:flush v{version}")
         self._version = version
         behind = {url: state for url, state in states.items() if state != "up"}
         if behind:
