@@ -90,6 +90,7 @@ class WeightSyncActor(Actor):
         self._rejoins = 0  # engines brought to the current version after a (re)join
         self._idle_flush_failures = 0
         self._deferred_flush: asyncio.Task | None = None  # in_place / retract: the flush left with the engines
+        self._deferred_flushes = 0
 
     def _transport(self, trainer: ActorRef, name: str, weights_dir: Path, delta_receivers: Mapping[str, str],
                    export_dir_check: Callable[[], Awaitable[None]] | None) -> Transport:
@@ -144,6 +145,7 @@ class WeightSyncActor(Actor):
             # pending from an earlier sync drops this sync's old prefixes too when it happens.
             self._deferred_flush = self.spawn(self._flush_when_idle_urls(urls, self.timeout),
                                               name=f"{self.name}:flush v{version}")
+            self._deferred_flushes += 1
         self._version = version
         behind = {url: state for url, state in states.items() if state != "up"}
         if behind:
@@ -164,7 +166,8 @@ class WeightSyncActor(Actor):
         """What the loop logs after each step: engines brought back after a (re)join, the
         transport's own (delta: bytes on the wire; distributed: groups built), colocation's phases."""
         out = {"router/engine_rejoins": float(self._rejoins),
-               "perf/weight_sync_idle_flush_failures": float(self._idle_flush_failures)}
+               "perf/weight_sync_idle_flush_failures": float(self._idle_flush_failures),
+               "perf/weight_sync_deferred_flushes": float(self._deferred_flushes)}
         if self.colocation is not None:
             out |= self.colocation.metrics()
         return out | self.transport.metrics()
