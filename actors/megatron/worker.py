@@ -26,6 +26,8 @@ import os
 import queue
 import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,14 +112,25 @@ def die_with_parent() -> None:
     torch) whose resource tracker lives as long as it does. Neither would notice the rank being
     killed; this makes the Manager die with it (and the tracker then exits at the end of its pipe).
     """
+    parent = os.getppid()
+    if parent == 1:  # orphaned already: the parent died before we got here
+        os._exit(1)
     if sys.platform.startswith("linux"):
-        parent = os.getppid()
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except OSError:
-            return
+            pass
         if os.getppid() != parent:  # the parent died before the signal was armed
             os._exit(1)
+    # And a watch of our own: a fresh-clone suite run found a rank alive, reparented, 30 s after
+    # its torchrun had died (the death signal did not reach it; cause not found).
+    threading.Thread(target=_exit_when_orphaned, args=(parent,), name="die-with-parent", daemon=True).start()
+
+
+def _exit_when_orphaned(parent: int, interval_s: float = 1.0) -> None:
+    while os.getppid() == parent:
+        time.sleep(interval_s)
+    os._exit(1)
 
 
 def _die_with_torchrun() -> None:

@@ -1,0 +1,40 @@
+"""A rank dies with the torchrun that started it, also where the kernel's death signal does not
+reach it (a fresh-clone suite run found a rank alive, reparented, 30 s after its torchrun died)."""
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+# The grandchild: prctl is made to fail, so only die_with_parent's own watch of its parent is left.
+GRANDCHILD = """
+import ctypes, time
+class _NoPrctl:
+    def __init__(self, *args, **kwargs): pass
+    def __getattr__(self, name): raise OSError("no prctl here")
+ctypes.CDLL = _NoPrctl
+from actors.megatron.worker import die_with_parent
+die_with_parent()
+print("armed", flush=True)
+time.sleep(120)
+"""
+
+# The child: starts the grandchild, says its pid once it is armed, then dies without a word.
+CHILD = f"""
+import os, subprocess, sys
+grandchild = subprocess.Popen([sys.executable, "-c", {GRANDCHILD!r}], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+assert grandchild.stdout.readline().strip() == "armed"
+print(grandchild.pid, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_process_whose_parent_died_exits_even_without_the_death_signal():
+    child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    pid = int(child.stdout.strip())
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"pid {pid} outlived its parent by 30 s"
+        time.sleep(0.1)
