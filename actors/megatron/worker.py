@@ -122,9 +122,18 @@ def die_with_parent() -> None:
             pass
         if os.getppid() != parent:  # the parent died before the signal was armed
             os._exit(1)
-    # And a watch of our own: a fresh-clone suite run found a rank alive, reparented, 30 s after
-    # its torchrun had died (the death signal did not reach it; cause not found).
+    # And a watch of our own, where the death signal does not reach (it is not armed yet, or the
+    # kernel has none).
     threading.Thread(target=_exit_when_orphaned, args=(parent,), name="die-with-parent", daemon=True).start()
+    # A fork keeps neither the death signal nor the thread: megatron-core's checkpoint writer forks
+    # a Manager from the rank, which a fresh-clone suite run found alive, reparented, 30 s after the
+    # rank and its torchrun were killed. Each forked child arms both again, against the rank.
+    if not _armed_at_fork:
+        _armed_at_fork.append(True)
+        os.register_at_fork(after_in_child=die_with_parent)
+
+
+_armed_at_fork: list[bool] = []  # die_with_parent registered itself for forked children (once per process)
 
 
 def _exit_when_orphaned(parent: int, interval_s: float = 1.0) -> None:
