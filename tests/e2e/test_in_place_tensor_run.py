@@ -36,7 +36,9 @@ def run(tmp_path_factory):
         "--train-mode", "fully-async", "--max-staleness", "1",
         "--weight-update-mode", "in_place", "--update-weight-transport", "tensor",
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "3",
-        "--rollout-max-response-len", "192", "--rollout-concurrency", "2", "--rm-type", "exact",
+        # One generation at a time, each of the full 256 tokens (as tests/e2e/test_rl_run.py's run):
+        # the admitted groups cannot all finish before a sync, so syncs land mid-generation.
+        "--rollout-max-response-len", "256", "--rollout-concurrency", "1", "--rm-type", "exact",
         "--custom-generate-function-path", "in_place_hooks:long_generate",
         "--engine-type", "cpu", "--micro-batch-size", "4", "--lr", "1e-4", "--use-tis",
     ], import_dirs=(root,))
