@@ -2,8 +2,8 @@
 
     slime-async router --engine-url http://127.0.0.1:30000 [URL ...] --model-path DIR --port 8000
 
-serves SGLang's ``/generate`` and the OpenAI API (``/v1/chat/completions``, ``/v1/completions``,
-``/v1/models``) with session affinity over the engines, until SIGINT/SIGTERM. The engines are
+serves SGLang's ``/generate`` and the OpenAI API (``/v1/chat/completions``, ``/v1/responses``,
+``/v1/completions``, ``/v1/models``) with session affinity over the engines, until SIGINT/SIGTERM. The engines are
 never started or stopped here. Nothing is recorded unless ``--max-recorded-sessions`` is set
 (a standalone router has no trainer to collect trajectories).
 """
