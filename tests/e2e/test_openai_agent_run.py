@@ -1,7 +1,8 @@
 """End-to-end: an OpenAI-client agent trains through trajectory capture in a real run.
 
 The generate hook hands the stock ``openai`` client a per-sample base URL on the router's HTTP
-front, runs three turns with a local tool whose output is fed back, and returns
+front, runs three turns with a local tool whose output is fed back (over Chat Completions for
+even samples, over the Responses API with ``previous_response_id`` for odd ones), and returns
 ``ctx.collect_trajectory(sample)``. The run (CPU engine, Megatron CPU trainer, fully-async with
 a weight sync every step) must train on exactly the tokens and logprobs the engine returned to
 the client, with only the model's tokens trainable, and its front must answer at --router-port.
@@ -20,12 +21,20 @@ AGENT_MODULE = textwrap.dedent('''
     import openai
 
     TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+    RESPONSES_TOOL = {"type": "function", **TOOL["function"]}
 
     def local_tool(turn):
         return str(2 + 3 + turn)
 
     async def agent(ctx, sample, sampling_params):
         client = openai.AsyncOpenAI(base_url=ctx.openai_base_url(sample), api_key="unused", max_retries=0)
+        seen = await (responses_turns if sample.index % 2 else chat_turns)(client, sample, sampling_params)
+        pieces = await ctx.collect_trajectory(sample)
+        pieces[0].metadata["openai_turns"] = seen
+        pieces[0].metadata["router_url"] = ctx.router_url
+        return pieces
+
+    async def chat_turns(client, sample, sampling_params):
         messages = [{"role": "user", "content": sample.prompt}]
         seen = []
         for turn in range(3):
@@ -40,10 +49,21 @@ AGENT_MODULE = textwrap.dedent('''
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": local_tool(turn)})
             if not choice.message.tool_calls:  # a random model calls no tool: the agent runs it itself
                 messages.append({"role": "user", "content": "the tool says " + local_tool(turn)})
-        pieces = await ctx.collect_trajectory(sample)
-        pieces[0].metadata["openai_turns"] = seen
-        pieces[0].metadata["router_url"] = ctx.router_url
-        return pieces
+        return seen
+
+    async def responses_turns(client, sample, sampling_params):
+        new_items, previous, seen = [{"role": "user", "content": sample.prompt}], None, []
+        for turn in range(3):
+            answer = await client.responses.create(
+                model="policy", input=new_items, previous_response_id=previous, tools=[RESPONSES_TOOL],
+                max_output_tokens=8, temperature=sampling_params["temperature"])
+            seen.append({"prompt": answer.prompt_token_ids, "ids": answer.token_ids, "logprobs": answer.token_logprobs,
+                         "api": "responses"})
+            previous = answer.id
+            calls = [item for item in answer.output if item.type == "function_call"]
+            new_items = [{"type": "function_call_output", "call_id": call.call_id, "output": local_tool(turn)}
+                         for call in calls] or [{"role": "user", "content": "the tool says " + local_tool(turn)}]
+        return seen
 
     async def rm(ctx, sample):
         return float(len(sample.response_tokens) % 2)
@@ -80,6 +100,8 @@ def test_trained_tokens_and_logprobs_are_exactly_what_the_engine_returned_to_the
     samples = agent_run["samples"]
     trajectories = [s for s in samples if "openai_turns" in s["metadata"]]
     assert len(trajectories) >= 6
+    apis = {t["metadata"]["openai_turns"][0].get("api", "chat") for t in trajectories}
+    assert apis == {"chat", "responses"}  # both APIs trained in the one run
     by_trajectory = {}
     for s in samples:
         by_trajectory.setdefault((s["group_index"], s["index"]), []).append(s)
