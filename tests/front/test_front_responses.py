@@ -206,3 +206,33 @@ def test_the_standalone_router_command_serves_responses(cpu_engine, chat_model_d
     finally:
         process.terminate()
         assert process.wait(timeout=30) in (0, 128 + 15, -15)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_an_openai_agents_sdk_agent_calls_its_tool_through_the_front(scripted_engine, start_front, text_model,
+                                                                         streamed):
+    """What the SDK sends (``include``, SDK-shaped history items, ``previous_response_id`` off by
+    default: the whole list each turn) and reads (output items, usage, ``response.completed``)."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    scripted_engine.script = [ids_of(text_model, CALL_TEXT), ids_of(text_model, "it is 5")]
+    _, url = await start_front([scripted_engine.url], text_model)
+    seen = []
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        seen.append((a, b))
+        return a + b
+
+    agent = Agent(name="adder", instructions="Use tools.", tools=[add], model_settings=ModelSettings(max_tokens=64),
+                  model=OpenAIResponsesModel(model="tiny", openai_client=_client(url)))
+    if streamed:
+        result = Runner.run_streamed(agent, QUESTION)
+        [_ async for _ in result.stream_events()]
+    else:
+        result = await Runner.run(agent, QUESTION)
+    assert seen == [(2, 3)] and result.final_output == "it is 5"
+    last_prompt = text_model.decode(scripted_engine.requests[-1]["input_ids"], skip_special_tokens=False)
+    assert "Use tools." in last_prompt and "<tool_response>\n5\n</tool_response>" in last_prompt
