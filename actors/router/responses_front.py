@@ -140,8 +140,9 @@ class ResponsesEndpoint:
         output = self._commit(turn, choice)
         for index, item in enumerate(output):
             if item["type"] == "message":
-                if message is None:
-                    message = await _MessageStream.open(events, index, parsed.sampling.logprobs)
+                if message is None:  # with tools: opened now, its logprobs as the item's (none beside calls)
+                    scored = parsed.sampling.logprobs and not choice.tool_calls
+                    message = await _MessageStream.open(events, index, scored)
                 item["id"] = message.item_id
                 await message.delta(front, completion, choice.text, final=True)
                 await message.close(item)
