@@ -144,6 +144,18 @@ async def test_a_streamed_function_call_sends_its_arguments_events(scripted_engi
     assert final.model_extra["token_ids"] == scripted_engine.script[0] and final.status == "completed"
 
 
+async def test_a_weight_sync_abort_mid_response_is_resumed_with_per_token_versions(scripted_engine, start_front,
+                                                                                   text_model):
+    scripted_engine.script = [ids_of(text_model, "the result is five")]
+    scripted_engine.abort_after = 3
+    _, url = await start_front([scripted_engine.url], text_model)
+    answer = await _client(url).responses.create(model="tiny", input=QUESTION, max_output_tokens=50)
+    versions = answer.model_extra["token_weight_versions"]
+    assert answer.output_text == "the result is five" and answer.status == "completed"
+    assert answer.model_extra["token_ids"] == scripted_engine.script[0]
+    assert versions[:3] == ["0"] * 3 and set(versions[3:]) == {"1"} and answer.model_extra["weight_version"] == "1"
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
