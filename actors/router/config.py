@@ -64,6 +64,9 @@ class RouterConfig:
         "forgotten beyond this (0 = record nothing)"))
     router_max_recorded_turns: int = field(default=1024, metadata=_help(
         "turns recorded per session; a longer trajectory fails when collected"))
+    router_max_stored_responses: int = field(default=4096, metadata=_help(
+        "responses (/v1/responses) whose conversation the front keeps for previous_response_id; the least "
+        "recently used are forgotten beyond this (0 = keep none)"))
 
     def validate(self) -> None:
         checks = [
@@ -82,6 +85,7 @@ class RouterConfig:
             (self.router_chunk_tokens >= 1, "--router-chunk-tokens must be >= 1"),
             (self.router_max_recorded_sessions >= 0, "--router-max-recorded-sessions must be >= 0"),
             (self.router_max_recorded_turns >= 1, "--router-max-recorded-turns must be >= 1"),
+            (self.router_max_stored_responses >= 0, "--router-max-stored-responses must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:

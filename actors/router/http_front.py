@@ -1,6 +1,7 @@
 """The router's HTTP front: SGLang's ``/generate`` and OpenAI's API in front of the router actor.
 
-Routes only. Request and response shapes live in native_protocol.py and openai_protocol.py,
+Routes only. Request and response shapes live in native_protocol.py and openai_protocol.py
+(the Responses API's route in responses_front.py),
 tool calls in tool_calls.py, the generation loop (text stops, chunks, resume after a
 weight-sync abort) in completion.py, the per-session record in recorder.py. Every engine
 request goes through ``router.ask("generate", ...)``, so routing, affinity, failover and the
@@ -36,6 +37,7 @@ from actors.router.openai_protocol import (
     error_body, finish_reason, models_response, new_id, parse_chat, parse_completions, usage_chunk,
 )
 from actors.router.recorder import SessionRecorder
+from actors.router.responses_front import ResponsesEndpoint
 from actors.router.text_model import TextModel
 from actors.router.tool_calls import parse_tool_calls
 from slime_async.actor import ActorRef, ActorStopped
@@ -60,6 +62,7 @@ class HttpFront:
         self.config = config
         self.model = replace(model, name=config.router_served_model_name) if config.router_served_model_name else model
         self.recorder = SessionRecorder(config.router_max_recorded_sessions, config.router_max_recorded_turns)
+        self.responses = ResponsesEndpoint(self, config.router_max_stored_responses)  # OpenAI's Responses API
         self.url: str | None = None
         self._router: ActorRef | None = None
         self._runner: web.AppRunner | None = None
@@ -77,6 +80,7 @@ class HttpFront:
             app.router.add_post(prefix + "/generate", self._generate)
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             app.router.add_post(prefix + "/v1/completions", self._completions)
+            app.router.add_post(prefix + "/v1/responses", self.responses.create)
             app.router.add_get(prefix + "/v1/models", self._models)
         # handler_cancellation: a client that hangs up stops its completion at the next chunk.
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -102,7 +106,8 @@ class HttpFront:
         return {"router/http_requests": float(self._counters["requests"]),
                 "router/http_errors": float(self._counters["errors"]),
                 "router/recorded_sessions": float(len(self.recorder)),
-                "router/recorded_sessions_evicted": float(self.recorder.evictions)}
+                "router/recorded_sessions_evicted": float(self.recorder.evictions),
+                "router/stored_responses": float(len(self.responses.store))}
 
     # ----- middleware: API key, errors in each API's own format ---------------------------------
     @web.middleware
