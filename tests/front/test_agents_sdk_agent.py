@@ -41,11 +41,10 @@ def sample() -> Sample:
                   session_id="group-0")
 
 
-# The Responses path (model_api: responses) waits for the front's /v1/responses (h-responses).
-@pytest.mark.parametrize("model_api", ["chat_completions"])
+@pytest.mark.parametrize("model_api", ["chat_completions", "responses"])
 async def test_the_sdk_agents_tool_episode_is_captured_as_the_warm_start_renders_it(
         scripted_engine, start_front, text_model, tmp_path, model_api):
-    prompt, segments = cut_episode(text_model.tokenizer, sdk_conversation(PROBLEM), sdk_tools())
+    prompt, segments = cut_episode(text_model.tokenizer, sdk_conversation(PROBLEM), sdk_tools(model_api))
     call, answer = (s["text"].removesuffix("<|im_end|>") for s in segments if s["train"])
     scripted_engine.script = [ids_of(text_model, call), ids_of(text_model, answer)]
     router, url = await start_front([scripted_engine.url], text_model)
@@ -74,17 +73,18 @@ async def test_the_sdk_agents_tool_episode_is_captured_as_the_warm_start_renders
     assert piece.rollout_logprobs == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("model_api", ["chat_completions", "responses"])
 async def test_the_sdk_agents_turn_carries_the_real_engines_tokens_and_logprobs(
-        cpu_engine, start_front, text_model, tmp_path):
+        cpu_engine, start_front, text_model, tmp_path, model_api):
     router, url = await start_front([cpu_engine], text_model)
-    ctx = context(router, text_model, url, tmp_path, "chat_completions")
+    ctx = context(router, text_model, url, tmp_path, model_api)
     greedy = dict(PARAMS, temperature=0.0)
 
     [piece] = await agent.generate(ctx, sample(), greedy)  # a random model writes no call: one turn
 
     prompt = piece.tokens[:piece.prompt_length]
     assert text_model.tokenizer.decode(prompt, skip_special_tokens=False) == cut_episode(
-        text_model.tokenizer, sdk_conversation(PROBLEM), sdk_tools())[0]
+        text_model.tokenizer, sdk_conversation(PROBLEM), sdk_tools(model_api))[0]
     async with EngineClient(cpu_engine) as engine:
         direct = await engine.generate(prompt, {"temperature": 0.0, "max_new_tokens": 200})
     entries = direct["meta_info"]["output_token_logprobs"]
