@@ -53,15 +53,25 @@ def split(seed: int, train: int, heldout: int, answer_digits: int) -> tuple[list
 
 def episode_segments(tokenizer: Any, problem: task.Problem) -> tuple[str, list[dict[str, Any]]]:
     """``(prompt text, SFT segments)`` of the ideal episode, cut from successive renders."""
-    messages = template_messages(conversation(problem))
+    return cut_episode(tokenizer, conversation(problem), TOOLS)
+
+
+def cut_episode(tokenizer: Any, conversation: list[dict[str, Any]], tools: list[dict[str, Any]]
+                ) -> tuple[str, list[dict[str, Any]]]:
+    """``(prompt text, SFT segments)`` of an episode (chat messages up to the first assistant turn
+    are the prompt), cut from successive renders where the front's recording cuts it: each
+    assistant turn trained up to its end-of-turn token, the rest (glue, tool output) not."""
+    messages = template_messages(conversation)
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
 
     def render(upto: int, generation_prompt: bool) -> str:
-        return tokenizer.apply_chat_template(messages[:upto], tools=TOOLS, tokenize=False,
+        return tokenizer.apply_chat_template(messages[:upto], tools=tools, tokenize=False,
                                              add_generation_prompt=generation_prompt)
 
-    prompt = render(1, True)
+    prompt = render(first, True)
     segments, done = [], prompt
-    for upto, train in ((2, True), (3, False), (4, True)):
+    for upto in range(first + 1, len(messages) + 1):
+        train = messages[upto - 1]["role"] == "assistant"
         text = render(upto, generation_prompt=not train)
         if not text.startswith(done):
             raise SystemExit("the chat template re-renders earlier turns differently; its episodes cannot be "
