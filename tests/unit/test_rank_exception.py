@@ -54,3 +54,19 @@ def test_the_message_ends_with_the_rank_exception():
     assert lines[-2].strip() == 'raise ValueError("num_attention_heads 7 does not divide hidden_size 64")'
     assert "bridge.py" in lines[-3]
     assert "trainer rank 0 (pid 123)'s exception:" in lines
+
+
+def test_a_real_torchrun_rank_that_raises_ends_with_its_exception(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "boom.py"
+    script.write_text('def build():\n    raise ValueError("bad hidden_size 7")\n\n\nbuild()\n')
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", str(script)],
+                         capture_output=True, text=True, timeout=300)
+    log = run.stdout + run.stderr
+    assert run.returncode != 0 and "ChildFailedError" in log  # torchrun's summary is in the log...
+    lines = str(TrainerRankDied(0, 1, tmp_path / "log", log)).splitlines()
+    assert lines[-1] == "ValueError: bad hidden_size 7"  # ...but the rank's exception ends the message
+    assert lines[-2].strip() == 'raise ValueError("bad hidden_size 7")'
+    assert lines[-3] == f'  File "{script}", line 2, in build'
