@@ -14,12 +14,15 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from actors.megatron.worker import die_with_parent, run
-
 # See `die_with_parent`: a spawn child of the rank (megatron-core's checkpoint writer's Manager)
-# imports this module as __mp_main__ and must die with the rank.
+# imports this module as __mp_main__ and must die with the rank. Armed before the imports below
+# (torch: seconds on a busy host), while the child holds the rank's resource-tracker pipe.
 if __name__ == "__mp_main__":
-    die_with_parent()
+    from actors.megatron.parent_death import die_with_parent as _die_with_rank
+
+    _die_with_rank()
+
+from actors.megatron.worker import run
 
 
 def _critic_ops(config: Any) -> Any:

@@ -20,14 +20,9 @@ returns a future at once (``async_execution``), so no RPC thread is held during 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import queue
-import signal
-import sys
-import threading
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed.rpc as rpc
 
+from actors.megatron.parent_death import die_with_parent
 from actors.megatron.protocol import TrainerOpError
 from slime_async.rpc import backend_options
 
@@ -98,48 +94,6 @@ ROLES = ("actor", "critic")
 def rpc_prefix(role: str) -> str:
     """RPC worker names of a group's ranks: ``trainer<rank>`` (the policy), ``critic<rank>``."""
     return "critic" if role == "critic" else "trainer"
-
-
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent dies (PR_SET_PDEATHSIG): nobody would stop it otherwise.
-
-    The signal fires when the parent *thread* that started us ends: torchrun starts its ranks
-    from its main thread, and a rank runs its ops (checkpoint saves included) on its main thread.
-
-    A worker program calls it also when it is imported as ``__mp_main__``: a multiprocessing
-    "spawn" child of a rank imports the rank's main module under that name. megatron-core's
-    checkpoint writer starts such a child at the first save: a Manager (~330 MB, it imports
-    torch) whose resource tracker lives as long as it does. Neither would notice the rank being
-    killed; this makes the Manager die with it (and the tracker then exits at the end of its pipe).
-    """
-    parent = os.getppid()
-    if parent == 1:  # orphaned already: the parent died before we got here
-        os._exit(1)
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-    # And a watch of our own, where the death signal does not reach (it is not armed yet, or the
-    # kernel has none).
-    threading.Thread(target=_exit_when_orphaned, args=(parent,), name="die-with-parent", daemon=True).start()
-    # A fork keeps neither the death signal nor the thread: megatron-core's checkpoint writer forks
-    # a Manager from the rank, which a fresh-clone suite run found alive, reparented, 30 s after the
-    # rank and its torchrun were killed. Each forked child arms both again, against the rank.
-    if not _armed_at_fork:
-        _armed_at_fork.append(True)
-        os.register_at_fork(after_in_child=die_with_parent)
-
-
-_armed_at_fork: list[bool] = []  # die_with_parent registered itself for forked children (once per process)
-
-
-def _exit_when_orphaned(parent: int, interval_s: float = 1.0) -> None:
-    while os.getppid() == parent:
-        time.sleep(interval_s)
-    os._exit(1)
 
 
 def _die_with_torchrun() -> None:

@@ -29,7 +29,11 @@ class TrainerRankDied(RuntimeError):
     def __init__(self, rank: int | None, pid: int | None, log_path: Path, tail: str, detail: str = "",
                  group: str = "trainer"):
         who = f"{group} rank {rank} (pid {pid})" if rank is not None else f"the {group} (torchrun)"
-        super().__init__(f"{who} died{': ' + detail if detail else ''}; last lines of {log_path}:\n{tail}")
+        message = f"{who} died{': ' + detail if detail else ''}; last lines of {log_path}:\n{tail}"
+        cause = rank_exception(tail)
+        if cause:  # the rank's own exception last, not torchrun's ChildFailedError summary
+            message += f"\n{who}'s exception:\n{cause}"
+        super().__init__(message)
         self.rank = rank
         self.pid = pid
         self.log_path = log_path
@@ -41,6 +45,25 @@ def _pid_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]: ?", re.MULTILINE)
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def rank_exception(log_tail: str, frames: int = 3) -> str:
+    """The last traceback a rank printed in torchrun's log (not torchrun's own ChildFailedError),
+    cut to its innermost ``frames`` frames and its exception line; "" when there is none."""
+    text = _RANK_PREFIX.sub("", log_tail)
+    for block in reversed(text.split(_TRACEBACK)[1:]):
+        lines = block.strip("\n").splitlines()
+        end = next((i for i, line in enumerate(lines) if line and not line.startswith(" ")), None)
+        if end is None or "ChildFailedError" in lines[end]:
+            continue
+        frame_starts = [i for i in range(end) if lines[i].startswith("  File ")]
+        start = frame_starts[-frames] if len(frame_starts) >= frames else (frame_starts[0] if frame_starts else end)
+        return "\n".join([_TRACEBACK, *lines[start:end + 1]])
+    return ""
 
 
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.DOTALL)
@@ -89,7 +112,7 @@ class TorchrunGroup(Actor):
             detail = f"torchrun exited with code {error.returncode}"
         elif error is not None:  # e.g. the agent of its node went away
             detail = str(error).partition("\n")[0] or repr(error)
-        tail = log_tail(self.process.log_path, 40)
+        tail = log_tail(self.process.log_path, 120)
         # Ranks that torchrun stopped after the first failure are dead too by now: prefer
         # torchrun's own "first observed failure", then the first rank seen dead.
         root = _root_cause_rank(tail)

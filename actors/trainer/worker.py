@@ -13,14 +13,18 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from actors.megatron.worker import call, die_with_parent, rpc_prefix, run
+# See `die_with_parent`: a spawn child of the rank (megatron-core's checkpoint writer's Manager)
+# imports this module as __mp_main__ and must die with the rank. Armed before the imports below
+# (torch: seconds on a busy host), while the child holds the rank's resource-tracker pipe.
+if __name__ == "__mp_main__":
+    from actors.megatron.parent_death import die_with_parent as _die_with_rank
+
+    _die_with_rank()
+
+from actors.megatron.worker import call, rpc_prefix, run
 
 __all__ = ["call", "main", "rpc_prefix"]
 
-# See `die_with_parent`: a spawn child of the rank (megatron-core's checkpoint writer's Manager)
-# imports this module as __mp_main__ and must die with the rank.
-if __name__ == "__mp_main__":
-    die_with_parent()
 
 
 def _trainer_ops(config: Any) -> Any:

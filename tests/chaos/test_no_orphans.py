@@ -52,9 +52,10 @@ def test_kill_9_of_the_supervisor_leaves_no_descendant(launch, chaos_model, chao
     assert any(is_trainer_rank(r.cmdline) for r in recorded)
     assert checkpoint_helpers(run), "the checkpoint writer started no helper process: nothing to test"
     run.kill9()
-    # 30 s: in one fresh-clone suite run the ranks' resource tracker was still alive after 10 s
-    # (every other process gone; the cause was not found, hence the pipe holders in the message).
-    left = run.tracker.wait_all_gone(30)
+    # 10 s: every descendant dies by a parent-death signal or its own parent watch (1 s) at once;
+    # the rank's resource tracker at the end of its pipe, whose holders (the rank, its forked and
+    # spawned helpers) all arm their watch before importing torch (actors/megatron/parent_death.py).
+    left = run.tracker.wait_all_gone(10)
     assert left == [], f"survived kill -9 of the supervisor: {run.tracker.describe(left)}"
 
 

@@ -59,3 +59,14 @@ def test_a_helper_the_rank_forked_exits_when_the_rank_dies():
     env = {**os.environ, "FORK_HELPER": "1"}
     child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, env=env)
     wait_gone(int(child.stdout.strip()))
+
+
+def test_a_spawn_child_arms_its_death_watch_before_it_imports_torch():
+    # A spawn child holds the rank's resource-tracker pipe from its start: the watch must not wait
+    # for torch's import (seconds on a busy host), or the tracker outlives a killed rank that long.
+    import subprocess
+    import sys
+
+    probe = ("import sys, actors.megatron.parent_death as p; assert 'torch' not in sys.modules, 'torch imported';"
+             "import actors.trainer.worker, actors.critic.worker")
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=300)
