@@ -23,18 +23,14 @@ from typing import Any
 
 from slime_async.actor import ActorRef
 from slime_async.generate_output import GenerateOutput, parse_generate_output
+from slime_async.generation import MAX_ABORTS, Completion, CompletionSpec, GenerationFailed, complete
 from slime_async.sample import Sample, Status, policy_version
-from slime_async.stop_strings import find_stop
 from slime_async.trace import TraceRecorder
 from slime_async.trajectory import to_samples
 
-MAX_RESUMES = 64  # a turn aborted this often is not making progress: fail it instead of looping
+MAX_RESUMES = MAX_ABORTS  # a turn aborted this often is not making progress: it fails (the loop's one limit)
 STOP_CHUNK_TOKENS = 16  # tokens per request while watching for a text stop string (the front's default)
 TRAJECTORY_SESSION = "trajectory_session"  # sample.metadata key: the session openai_base_url opened
-
-
-class GenerationFailed(RuntimeError):
-    pass
 
 
 @dataclass
@@ -94,6 +90,15 @@ class GenerateContext:
                        session_id: str | None = None, trace_args: dict[str, Any] | None = None) -> GenerateOutput:
         """One raw request through the router (no resume): SGLang's answer, parsed. ``trace_args``
         label its span on the --trace-dir timeline."""
+        response = await self._ask(input_ids, sampling_params, session_id=session_id, trace_args=trace_args)
+        output = parse_generate_output(response)
+        if output.logprobs is None:
+            raise GenerationFailed(f"engine {response.get('engine_url')} returned no logprobs")
+        return output
+
+    async def _ask(self, input_ids: list[int], sampling_params: dict[str, Any], *, session_id: str | None,
+                   trace_args: dict[str, Any] | None) -> dict[str, Any]:
+        """One request through the router: SGLang's answer dict."""
         # SGLang does not check ids against the vocabulary and its scheduler dies on one that is
         # out of range: a hook's bad token must fail this sample, not an engine.
         vocab = self.vocab_size
@@ -101,12 +106,8 @@ class GenerateContext:
             raise GenerationFailed(f"input_ids hold a token id outside the vocabulary [0, {vocab})")
         # No timeout here: a request waits in the router while weights sync, and the router
         # bounds each engine call itself (--router-request-timeout / --engine-request-timeout).
-        response = await self.router.ask("generate", input_ids, sampling_params, session_id=session_id,
-                                         trace_args=trace_args, timeout=None)
-        output = parse_generate_output(response)
-        if output.logprobs is None:
-            raise GenerationFailed(f"engine {response.get('engine_url')} returned no logprobs")
-        return output
+        return await self.router.ask("generate", input_ids, sampling_params, session_id=session_id,
+                                     trace_args=trace_args, timeout=None)
 
     async def generate_turn(self, sample: Sample, sampling_params: dict[str, Any],
                             max_new_tokens: int | None = None, *, stop: Sequence[str] = (),
@@ -119,62 +120,41 @@ class GenerateContext:
         ``chunk_tokens`` at a time and, once its decoded text holds a stop string, ends with the
         token that completes it (kept, as it was sampled; nothing after it is) — how a tool-using
         hook ends a turn at ``</code>`` or a closing fence on any engine and tokenizer.
+        The loop is `slime_async.generation.complete`, the one the router's HTTP front runs.
         """
         budget = sampling_params.get("max_new_tokens", 0) if max_new_tokens is None else max_new_tokens
         if stop and self.tokenizer is None:
             raise GenerationFailed("generate_turn(stop=...) needs the run's tokenizer to match text")
-        # This turn's tokens, as (ids, logprobs, versions) per request: appended to the sample at
-        # the end, so a stop string's tail can be cut before anything is recorded. A request that
-        # ran across an in-place weight sync has tokens of two versions.
-        pieces: list[tuple[list[int], list[float], list[int]]] = []
-        turn: list[int] = []
-        aborts = 0
-        finish = "length"
-        while budget - len(turn) > 0:
-            remaining = budget - len(turn)
-            ask = min(remaining, chunk_tokens) if stop else remaining
-            output = await self.generate(sample.tokens + turn, {**sampling_params, "max_new_tokens": ask},
-                                         session_id=sample.session_id, trace_args={
-                                             "group": sample.group_index, "sample": sample.index, "resumed": aborts > 0})
-            pieces.append((output.output_ids, output.logprobs, _token_versions(output)))
-            produced, turn = len(turn), turn + output.output_ids
-            if stop and output.output_ids:
-                hit = find_stop(turn, self.tokenizer.decode, stop, first=produced)
-                if hit is not None:
-                    turn = turn[:hit[0]]
-                    finish = "stop"
-                    break
-            if output.finish_type == "abort":
-                # What resumption saves: these tokens are not generated again.
-                sample.metadata["resumes"] = sample.metadata.get("resumes", 0) + 1
-                sample.metadata["tokens_kept_on_abort"] = sample.metadata.get("tokens_kept_on_abort", 0) + len(output.output_ids)
-                aborts += 1
-                if aborts >= MAX_RESUMES:
-                    raise GenerationFailed(f"sample {sample.group_index}/{sample.index}: aborted {MAX_RESUMES} times")
-                continue
-            chunk_ended = stop and output.finish_type == "length" and len(output.output_ids) >= ask
-            if not chunk_ended:
-                finish = output.finish_type
-                break
-        kept = len(turn)
-        for ids, logprobs, versions in pieces:
-            take = min(len(ids), kept)
-            start = 0
-            while start < take:  # one append per stretch of one version
-                end = start + 1
-                while end < take and versions[end] == versions[start]:
-                    end += 1
-                sample.append_generated(ids[start:end], logprobs[start:end], versions[start])
-                start = end
-            kept -= take
-        return finish
+        params = {k: v for k, v in sampling_params.items() if k != "max_new_tokens"}
+        spec = CompletionSpec(list(sample.tokens), params, budget, tuple(stop),
+                              chunk_tokens=chunk_tokens if stop else None)
 
+        turn = Completion()
 
-def _token_versions(output: GenerateOutput) -> list[int]:
-    """The policy version of each output token (the answer's per-token versions, else its one)."""
-    if output.token_versions is not None:
-        return [policy_version(v) for v in output.token_versions]
-    return [policy_version(output.weight_version)] * len(output.output_ids)
+        async def send(input_ids: list[int], request: dict[str, Any]) -> dict[str, Any]:
+            return await self._ask(input_ids, request, session_id=sample.session_id, trace_args={
+                "group": sample.group_index, "sample": sample.index, "resumed": turn.resumes > 0})
+
+        decode = self.tokenizer.decode if stop else None
+        try:
+            await complete(send, spec, decode, out=turn)
+        except GenerationFailed as error:
+            raise GenerationFailed(f"sample {sample.group_index}/{sample.index}: {error}") from None
+        if turn.resumes:
+            sample.metadata["resumes"] = sample.metadata.get("resumes", 0) + turn.resumes
+            sample.metadata["tokens_kept_on_abort"] = (sample.metadata.get("tokens_kept_on_abort", 0)
+                                                       + turn.tokens_kept_on_abort)
+        # A request that ran across an in-place weight sync has tokens of two versions: one
+        # append per stretch of one version.
+        versions = [policy_version(v) for v in turn.weight_versions]
+        start = 0
+        while start < len(versions):
+            end = start + 1
+            while end < len(versions) and versions[end] == versions[start]:
+                end += 1
+            sample.append_generated(turn.output_ids[start:end], turn.logprobs[start:end], versions[start])
+            start = end
+        return turn.finish_type
 
 
 async def default_generate(ctx: GenerateContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:

@@ -1,0 +1,149 @@
+"""The one generation loop: a completion through the router, in as many engine requests as it takes.
+
+Both users run it: the rollout's ``ctx.generate_turn`` (actors/rollout/generate.py) and the
+router's HTTP front (actors/router/http_front.py). It owns:
+
+- the budget (``max_new_tokens``; None: until the context ends) and the context end;
+- text stop strings: engines only know stop token ids, so with ``stop`` (or a streaming client)
+  the completion is asked for ``chunk_tokens`` at a time and after each chunk the decoded text is
+  searched (`slime_async.stop_strings.find_stop`); at a match the tokens are cut after the one
+  that completes the stop string. A stop costs at most one chunk of extra decoding, on any engine.
+  Each continuation resubmits prompt + tokens so far, which the engine's prefix cache serves;
+- resume after a weight-sync abort: the request returns with finish_reason abort and its tokens
+  so far, and the loop continues from them with the remaining budget (partial rollout), at most
+  ``MAX_ABORTS`` times;
+- each token's weight version as the engine's answer reports it (``weight_version_segments``:
+  the CPU engine, or the router when it streamed a request across an in-place sync), so one
+  request that ran across a sync carries both versions;
+- counters: requests, resumes, tokens kept on abort, the prompt's cached tokens;
+- ``on_progress(completion, final)`` after every request, for streaming.
+
+Knows nothing of samples, HTTP or the router's internals: ``send`` is one engine request.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slime_async.generate_output import GenerateOutput, parse_generate_output
+from slime_async.stop_strings import DecodeFn, find_stop
+
+MAX_ABORTS = 64  # a completion aborted this often is not making progress: it fails
+
+
+class GenerationFailed(RuntimeError):
+    """The engines could not finish this completion (no logprobs, endless aborts, a bad request)."""
+
+
+@dataclass
+class CompletionSpec:
+    prompt_ids: list[int]
+    sampling_params: dict[str, Any]  # SGLang's names, without max_new_tokens and text stops
+    max_new_tokens: int | None  # None: until the context ends
+    stop: tuple[str, ...] = ()
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    chunk_tokens: int | None = None  # ask the engine for at most this many tokens per request
+
+
+@dataclass
+class Completion:
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    weight_versions: list[str | None] = field(default_factory=list)  # per token, as engines report
+    finish_reason: dict[str, Any] | None = None  # SGLang's: {"type": stop|length, "matched"?: ...}
+    cached_tokens: int = 0  # of the first request (the prompt's prefix-cache hit)
+    requests: int = 0
+    resumes: int = 0  # continuations after a weight-sync abort
+    tokens_kept_on_abort: int = 0  # what resumption saved: tokens not generated again
+
+    @property
+    def finish_type(self) -> str:
+        return str((self.finish_reason or {}).get("type", ""))
+
+    @property
+    def weight_version(self) -> str | None:
+        return self.weight_versions[-1] if self.weight_versions else None
+
+
+# send(input_ids, sampling_params): one engine request, SGLang's answer dict.
+SendFn = Callable[[list[int], dict[str, Any]], Awaitable[dict[str, Any]]]
+ProgressFn = Callable[[Completion, bool], Awaitable[None] | None]
+
+
+async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, context_len: int | None = None,
+                   on_progress: ProgressFn | None = None, out: Completion | None = None) -> Completion:
+    """Generate until a stop (token or text), the budget, or the context end.
+
+    ``decode(ids)`` renders text for stop matching (needed only with ``spec.stop``);
+    ``on_progress(completion, final)`` sees every step. ``out``: an empty Completion to fill
+    (so ``send`` can see the counters so far, e.g. to label a resumed request).
+    """
+    if spec.stop and decode is None:
+        raise GenerationFailed("text stop strings need a tokenizer to match them")
+    out = Completion() if out is None else out
+    while True:
+        produced = len(out.output_ids)
+        remaining = None if spec.max_new_tokens is None else spec.max_new_tokens - produced
+        if remaining is not None and remaining <= 0:
+            out.finish_reason = {"type": "length", "length": spec.max_new_tokens}
+            break
+        if context_len is not None and len(spec.prompt_ids) + produced >= context_len:
+            out.finish_reason = {"type": "length", "length": produced}
+            break
+        ask = remaining
+        if spec.chunk_tokens is not None:
+            ask = spec.chunk_tokens if remaining is None else min(remaining, spec.chunk_tokens)
+        response = await send(spec.prompt_ids + out.output_ids, {**spec.sampling_params, "max_new_tokens": ask})
+        parsed = parse_generate_output(response)
+        if parsed.logprobs is None:
+            raise GenerationFailed(f"engine {response.get('engine_url')} returned no logprobs")
+        if out.requests == 0:
+            out.cached_tokens = parsed.cached_tokens
+        out.requests += 1
+        out.output_ids += parsed.output_ids
+        out.logprobs += parsed.logprobs
+        out.weight_versions += token_versions(parsed)
+        if spec.stop and parsed.output_ids:
+            hit = find_stop(out.output_ids, decode, spec.stop, first=produced)
+            if hit is not None:
+                cut, matched = hit
+                del out.output_ids[cut:], out.logprobs[cut:], out.weight_versions[cut:]
+                out.finish_reason = {"type": "stop", "matched": matched}
+                break
+        if parsed.finish_type == "abort":
+            out.resumes += 1
+            out.tokens_kept_on_abort += len(parsed.output_ids)
+            if out.resumes >= MAX_ABORTS:
+                raise GenerationFailed(f"aborted {MAX_ABORTS} times without finishing")
+            await _notify(on_progress, out, False)
+            continue
+        chunk_ended = (parsed.finish_type == "length" and ask is not None and len(parsed.output_ids) >= ask
+                       and (remaining is None or ask < remaining))
+        if chunk_ended:
+            await _notify(on_progress, out, False)
+            continue
+        if parsed.finish_type == "length":
+            out.finish_reason = {"type": "length", "length": spec.max_new_tokens or len(out.output_ids)}
+        else:
+            out.finish_reason = parsed.finish_reason or {"type": parsed.finish_type or "stop"}
+        break
+    await _notify(on_progress, out, True)
+    return out
+
+
+def token_versions(output: GenerateOutput) -> list[str | None]:
+    """The weight version of each output token: the answer's per-token versions, else its one."""
+    if output.token_versions is not None:
+        return list(output.token_versions)
+    return [output.weight_version] * len(output.output_ids)
+
+
+async def _notify(on_progress: ProgressFn | None, out: Completion, final: bool) -> None:
+    if on_progress is not None:
+        result = on_progress(out, final)
+        if inspect.isawaitable(result):
+            await result
