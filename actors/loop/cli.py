@@ -53,6 +53,12 @@ def _agent(argv: list[str]) -> int:
     return main(argv)
 
 
+def _prepare_reasoning_gym(argv: list[str]) -> int:
+    from actors.rollout.reasoning_gym import main
+
+    return main(argv)
+
+
 def _train(argv: list[str]) -> int:
     quiet_python_warnings()
     # Light imports until the flags are parsed: `--help` needs neither torch nor megatron-core (a full
@@ -78,6 +84,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "router": (_router, "serve the router's HTTP front (SGLang /generate, OpenAI API) over running engines"),
     "sandbox-server": (_sandbox_server, "serve a sandbox for model-written code (POST /run) on this machine"),
     "convert": (_convert, "convert checkpoints: hf-to-megatron, megatron-to-hf"),
+    "prepare-reasoning-gym": (_prepare_reasoning_gym, "write train/held-out JSONL from a reasoning-gym generator "
+                              "(for --rm-type reasoning_gym)"),
     "agent": (_agent, "run process children on this node for a head on another (multi-node runs: --head HOST:PORT)"),
 }
 

@@ -15,6 +15,7 @@ from slime_async.config.flags import JsonDict
 from slime_async.config.flags import field_help as _help
 
 HOOK = "pkg.mod:fn or pkg.mod.fn — "
+REASONING_GYM = "reasoning_gym"  # --rm-type of reasoning-gym's own scorers (actors/rollout/reasoning_gym.py)
 
 
 @dataclass
@@ -61,7 +62,9 @@ class RolloutConfig:
     custom_rm_path: str | None = field(default=None, metadata=_help(
         HOOK + "async def rm(ctx, sample) -> float (with --group-rm: rm(ctx, samples) -> list[float]); "
         "slime's rm(args, sample) runs too"))
-    rm_type: str = field(default="math", metadata=_help("built-in reward when --custom-rm-path is unset: math, exact, f1"))
+    rm_type: str = field(default="math", metadata=_help(
+        "built-in reward when --custom-rm-path is unset: math, exact, f1, or reasoning_gym (the task's own scorer "
+        "on rows written by slime-async prepare-reasoning-gym)"))
     group_rm: bool = field(default=False, metadata=_help("the custom reward function scores a whole group at once"))
     reward_timeout: float = field(default=30.0, metadata=_help("seconds before a reward call counts as failed"))
     on_reward_error: Literal["zero", "drop"] = field(default="zero", metadata=_help(
@@ -115,9 +118,9 @@ class RolloutConfig:
                     raise ValueError(f"--{name.replace('_', '-')}: {error}") from None
         if self.group_rm and not self.custom_rm_path:
             raise ValueError("--group-rm needs --custom-rm-path")
-        if not self.custom_rm_path and self.rm_type not in BUILTIN_REWARDS:
+        if not self.custom_rm_path and self.rm_type not in (*BUILTIN_REWARDS, REASONING_GYM):
             raise ValueError(f"--rm-type {self.rm_type!r} is not a built-in reward: choose one of "
-                             f"{', '.join(BUILTIN_REWARDS)}, or give --custom-rm-path")
+                             f"{', '.join((*BUILTIN_REWARDS, REASONING_GYM))}, or give --custom-rm-path")
         if self.reward_timeout <= 0:
             raise ValueError(f"--reward-timeout must be > 0, got {self.reward_timeout:g}")
         if self.eval_max_response_len is not None and self.eval_max_response_len <= 0:
@@ -135,6 +138,13 @@ class RolloutConfig:
             _require_prompt_file(self.prompt_data, "--prompt-data")
         for path in self.eval_sets().values():
             _require_prompt_file(path, "--eval-prompt-data")
+        if not self.custom_rm_path and self.rm_type == REASONING_GYM:
+            from actors.rollout.reasoning_gym import require_package
+
+            try:
+                require_package()
+            except ValueError as error:
+                raise ValueError(f"--rm-type reasoning_gym: {error}") from None
         if self.custom_generate_function_path:
             check_hook(self.custom_generate_function_path, "--custom-generate-function-path", (3,),
                        "generate(ctx, sample, sampling_params)")

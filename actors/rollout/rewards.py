@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from actors.rollout.hooks import hook_style, load_function
+from actors.rollout.config import REASONING_GYM
+from actors.rollout.reasoning_gym import ReasoningGymReward
 from actors.rollout.reward_runner import RewardRunner
 from policies.rewards import BUILTIN_REWARDS
 from slime_async.sample import Sample, Status
@@ -40,11 +42,14 @@ class RewardScorer:
         self._trace = getattr(ctx, "trace", None) or TraceRecorder.off()
         self._lanes = self._trace.pool("reward", "call")
         self._custom: Callable[..., Any] | None = None
+        self._reasoning_gym: ReasoningGymReward | None = None
         if config.custom_rm_path:
             function = load_function(config.custom_rm_path, "--custom-rm-path")
             if plugins is not None and hook_style(function) == "slime":
                 function = plugins.reward(function)
             self._custom = function
+        elif config.rm_type == REASONING_GYM:
+            self._reasoning_gym = ReasoningGymReward()
         elif config.rm_type not in BUILTIN_REWARDS:
             raise ValueError(f"--rm-type {config.rm_type!r}: choose one of {', '.join(BUILTIN_REWARDS)} "
                              "or give --custom-rm-path")
@@ -77,8 +82,11 @@ class RewardScorer:
     async def _call_reward(self, sample: Sample) -> Any:
         if self._custom is not None:
             return await self.runner.call(self._custom, self.ctx, sample, timeout=self.config.reward_timeout)
-        builtin = BUILTIN_REWARDS[self.config.rm_type]
         text = sample.response or self.ctx.tokenizer.decode(sample.response_tokens, skip_special_tokens=True)
+        if self._reasoning_gym is not None:
+            return await self.runner.call(self._reasoning_gym.score, text, sample.metadata,
+                                          timeout=self.config.reward_timeout)
+        builtin = BUILTIN_REWARDS[self.config.rm_type]
         return await self.runner.call(builtin, text, sample.label, timeout=self.config.reward_timeout)
 
     def _scalar(self, reward: Any, sample: Sample) -> float:

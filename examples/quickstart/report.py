@@ -1,6 +1,7 @@
 """Print the held-out reward before and after RL from a run's metrics.jsonl."""
 
 import json
+import os
 import sys
 
 
@@ -12,7 +13,7 @@ def main(path: str) -> int:
     first, last = evals[0], evals[-1]
     print(f"held-out reward at RL step {first['step']} (after the SFT warm start): {first['eval/reward_mean']:.3f}")
     print(f"held-out reward at RL step {last['step']} (after GRPO):                  {last['eval/reward_mean']:.3f}")
-    print(f"change: {last['eval/reward_mean'] - first['eval/reward_mean']:+.3f}  (TensorBoard: runs/quickstart/grpo/tb)")
+    print(f"change: {last['eval/reward_mean'] - first['eval/reward_mean']:+.3f}  (TensorBoard: {os.path.join(os.path.dirname(path), 'tb')})")
     return 0
 
 
