@@ -320,8 +320,8 @@ def message_start(message_id: str, model: str, prompt_ids: list[int]) -> dict[st
 
 
 def block_start(index: int, block: dict[str, Any]) -> dict[str, Any]:
-    if block["type"] == "tool_use":  # the input comes as input_json_delta
-        block = {**block, "input": {}}
+    # Opened empty, as Anthropic does: the text / input comes in deltas (clients append them).
+    block = {**block, "input": {}} if block["type"] == "tool_use" else {**block, "text": ""}
     return {"type": "content_block_start", "index": index, "content_block": block}
 
 
