@@ -2,12 +2,6 @@
 scripted engines (tool calls, stop sequences, errors, the API key, token-exact trajectory
 capture) and over a real CPU engine (exact tokens, streaming, ``slime-async router``)."""
 
-import json
-import re
-import subprocess
-import sys
-import time
-
 import aiohttp
 import anthropic
 import pytest
@@ -16,6 +10,7 @@ import pytest_asyncio
 from actors.rollout.generate import GenerateContext
 from slime_async.engine_client import EngineClient
 from slime_async.sample import Sample
+from tests.front.conftest import standalone_router
 from tests.front.test_front_http import CALL_TEXT, ids_of
 
 ADD = {"name": "add", "description": "Add two integers.",
@@ -145,7 +140,8 @@ async def test_the_api_key_is_taken_as_x_api_key_or_bearer(scripted_engine, star
 
 async def test_messages_answer_with_exactly_the_engines_tokens(cpu_engine, start_front, text_model, clients):
     _, url = await start_front([cpu_engine], text_model)
-    answer = await clients(url).messages.create(model="tiny", max_tokens=12, messages=QUESTION, temperature=0)
+    answer = await clients(url).messages.create(model="tiny", max_tokens=12, messages=QUESTION,
+                                                    extra_body={"temperature": 0})  # the client has no field for it
     prompt = answer.model_extra["prompt_token_ids"]
     assert prompt == text_model.encode(text_model.render_chat(QUESTION))
     async with EngineClient(cpu_engine) as engine:
@@ -162,7 +158,7 @@ async def test_a_streamed_answer_is_the_same_text_in_anthropics_events(cpu_engin
     _, url = await start_front([cpu_engine], text_model, router_chunk_tokens=4)
     client = clients(url)
     stream = await client.messages.create(model="tiny", max_tokens=10, messages=QUESTION, stream=True,
-                                          temperature=0, extra_body={"ignore_eos": True})
+                                          extra_body={"ignore_eos": True, "temperature": 0})
     events = [event async for event in stream]
     kinds = [e.type for e in events]
     assert kinds[:2] == ["message_start", "content_block_start"] and kinds[-2:] == ["message_delta", "message_stop"]
@@ -170,7 +166,18 @@ async def test_a_streamed_answer_is_the_same_text_in_anthropics_events(cpu_engin
     delta = events[-2]
     assert delta.delta.stop_reason == "max_tokens" and delta.usage.output_tokens == 10
     assert text == text_model.decode(delta.model_extra["token_ids"]) and kinds.count("content_block_delta") >= 2
-    async with client.messages.stream(model="tiny", max_tokens=10, messages=QUESTION, temperature=0,
-                                      extra_body={"ignore_eos": True}) as helper:
+    async with client.messages.stream(model="tiny", max_tokens=10, messages=QUESTION,
+                                      extra_body={"ignore_eos": True, "temperature": 0}) as helper:
         final = await helper.get_final_message()
     assert final.content[0].text == text and final.usage.output_tokens == 10  # greedy: the same answer
+
+
+def test_the_standalone_router_command_serves_the_anthropic_client(cpu_engine, chat_model_dir):
+    with standalone_router(cpu_engine, chat_model_dir, api_key="k") as url:
+        with anthropic.Anthropic(base_url=url, api_key="k", max_retries=0) as client:
+            answer = client.messages.create(model="any", max_tokens=4, messages=QUESTION, tools=[ADD])
+            with client.messages.stream(model="any", max_tokens=4, messages=QUESTION) as stream:
+                streamed = stream.get_final_message()
+    assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use") and answer.model == chat_model_dir.name
+    assert streamed.content[0].type == "text" and 1 <= streamed.usage.output_tokens <= 4
+    assert streamed.stop_reason in ("end_turn", "max_tokens")
