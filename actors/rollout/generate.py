@@ -51,6 +51,11 @@ class GenerateContext:
         routed to one engine and recorded for ``collect_trajectory``."""
         return f"{self._front_url()}/sessions/{self.trajectory_session(sample)}/v1"
 
+    def anthropic_base_url(self, sample: Sample) -> str:
+        """An Anthropic ``base_url`` (``.../sessions/<id>``: the client appends ``/v1/messages``)
+        for the same session as ``openai_base_url(sample)``."""
+        return f"{self._front_url()}/sessions/{self.trajectory_session(sample)}"
+
     def trajectory_session(self, sample: Sample) -> str:
         """The session id of the sample's trajectory (made on first use, kept in its metadata);
         send it as ``X-Session-Id`` or use the ``/sessions/<id>/`` prefix for SGLang's /generate."""

@@ -28,6 +28,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from actors.router.anthropic_front import MessagesEndpoint
+from actors.router.anthropic_protocol import error_body as anthropic_error_body, is_messages_path
 from actors.router.completion import Completion, CompletionFailed, CompletionSpec, TextStream, complete, completion_text
 from actors.router.config import RouterConfig
 from actors.router.errors import RouterError
@@ -72,6 +74,7 @@ class HttpFront:
     # ----- lifecycle ---------------------------------------------------------------------------
     async def start(self, router: ActorRef) -> str:
         self._router = router
+        messages = MessagesEndpoint(self)  # Anthropic's Messages API
         app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[self._middleware])
         app.router.add_get("/health", self._health)
         app.router.add_get("/get_model_info", self._model_info)
@@ -82,6 +85,8 @@ class HttpFront:
             app.router.add_post(prefix + "/v1/completions", self._completions)
             app.router.add_post(prefix + "/v1/responses", self.responses.create)
             app.router.add_get(prefix + "/v1/models", self._models)
+            app.router.add_post(prefix + "/v1/messages", messages.messages)
+            app.router.add_post(prefix + "/v1/messages/count_tokens", messages.count_tokens)
         # handler_cancellation: a client that hangs up stops its completion at the next chunk.
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
@@ -112,23 +117,25 @@ class HttpFront:
     # ----- middleware: API key, errors in each API's own format ---------------------------------
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        openai = "/v1/" in request.path
+        reply = _error_for(request.path)
         self._counters["requests"] += 1
         key = self.config.router_api_key
         # Compared as bytes: compare_digest refuses non-ASCII str, which would answer 500, not 401.
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        if key and request.path not in OPEN_PATHS and not secrets.compare_digest(given, f"Bearer {key}".encode()):
+        given_key = request.headers.get("x-api-key", "").encode("utf-8", "surrogateescape")  # Anthropic's header
+        if (key and request.path not in OPEN_PATHS and not secrets.compare_digest(given, f"Bearer {key}".encode())
+                and not secrets.compare_digest(given_key, key.encode())):
             self._counters["errors"] += 1
-            return _error(openai, 401, "invalid or missing API key (Authorization: Bearer ...)",
-                          "authentication_error", code="invalid_api_key")
+            return reply(401, "invalid or missing API key (Authorization: Bearer ... or x-api-key)",
+                         "authentication_error", code="invalid_api_key")
         try:
             return await handler(request)
         except web.HTTPException as error:
             if error.status < 400:
                 raise
             self._counters["errors"] += 1
-            return _error(openai, error.status, f"{error.reason}: {request.method} {request.path}",
-                          "not_found_error" if error.status == 404 else "invalid_request_error")
+            return reply(error.status, f"{error.reason}: {request.method} {request.path}",
+                         "not_found_error" if error.status == 404 else "invalid_request_error")
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - every failure is answered, in the API's format
@@ -136,7 +143,7 @@ class HttpFront:
             status, kind, param = _classify(error)
             if status >= 500:
                 log.warning("router: %s %s failed: %s", request.method, request.path, error)
-            return _error(openai, status, str(error), kind, param=param)
+            return reply(status, str(error), kind, param=param)
 
     # ----- discovery ---------------------------------------------------------------------------
     async def _health(self, _request: web.Request) -> web.Response:
@@ -487,6 +494,14 @@ def _error(openai: bool, status: int, message: str, kind: str, param: str | None
            code: str | None = None) -> web.Response:
     body = error_body(message, kind, param, code) if openai else {"error": {"message": message}}
     return _json(body, status)
+
+
+def _error_for(path: str) -> Callable[..., web.Response]:
+    """``_error`` in the format of the API ``path`` belongs to: Anthropic's, OpenAI's or SGLang's."""
+    if is_messages_path(path):
+        return lambda status, message, *_, **__: _json(anthropic_error_body(status, message), status)
+    openai = "/v1/" in path
+    return lambda *args, **kwargs: _error(openai, *args, **kwargs)
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:

@@ -3,7 +3,12 @@ CPU engine shared by the module's tests, scriptable fake engines, and a router w
 
 from __future__ import annotations
 
+import contextlib
+import re
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +56,29 @@ def cpu_engine(chat_model_dir: Path) -> Iterator[str]:
         yield url
     finally:
         stop_local_engine(process)
+
+
+@contextlib.contextmanager
+def standalone_router(engine_url: str, model_dir: Path, api_key: str) -> Iterator[str]:
+    """``slime-async router`` as its own process over ``engine_url``; yields the URL it logs."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "actors.loop.cli", "router", "--engine-url", engine_url,
+         "--model-path", str(model_dir), "--port", "0", "--api-key", api_key],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url, deadline, seen = None, time.monotonic() + 120, []
+        while url is None and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line and process.poll() is not None:
+                break
+            seen.append(line)
+            match = re.search(r"router listening on (http://\S+)", line)
+            url = match.group(1) if match else None
+        assert url is not None, "".join(seen)
+        yield url
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) in (0, 128 + 15, -15)
 
 
 @pytest_asyncio.fixture

@@ -1,18 +1,13 @@
 """The HTTP front over a real CPU engine, driven by the stock ``openai`` client and by plain HTTP
 as slime's plug-ins use SGLang's /generate; and the standalone ``slime-async router`` command."""
 
-import re
-import subprocess
-import sys
-import time
-
 import aiohttp
 import openai
 import pytest
 
 from slime_async.engine_client import EngineClient
 from slime_async.stop_strings import find_stop
-from tests.front.conftest import ADD_TOOL
+from tests.front.conftest import ADD_TOOL, standalone_router
 
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
 
@@ -122,23 +117,7 @@ def _stop_completing_mid_answer(ids, decode):
 
 
 def test_the_standalone_router_command_serves_the_openai_client(cpu_engine, chat_model_dir):
-    process = subprocess.Popen(
-        [sys.executable, "-m", "actors.loop.cli", "router", "--engine-url", cpu_engine,
-         "--model-path", str(chat_model_dir), "--port", "0", "--api-key", "k"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        url, deadline, seen = None, time.monotonic() + 120, []
-        while url is None and time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if not line and process.poll() is not None:
-                break
-            seen.append(line)
-            match = re.search(r"router listening on (http://\S+)", line)
-            url = match.group(1) if match else None
-        assert url is not None, "".join(seen)
+    with standalone_router(cpu_engine, chat_model_dir, api_key="k") as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="k")
         answer = client.chat.completions.create(model=chat_model_dir.name, messages=QUESTION, max_tokens=4)
         assert answer.choices[0].finish_reason in ("stop", "length") and answer.model == chat_model_dir.name
-    finally:
-        process.terminate()
-        assert process.wait(timeout=30) in (0, 128 + 15, -15)
