@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from aiohttp import web
 
+from actors.router.http_json import json_response, read_json
 from actors.router.anthropic_protocol import (
     MESSAGE_STOP, PING, MessagesRequest, block_start, block_stop, content_blocks, error_body, input_json_delta,
     message_delta, message_response, message_start, new_message_id, parse_messages, sse_event, text_delta,
@@ -34,7 +34,7 @@ class MessagesEndpoint:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         front = self.front
         session = front._session(request)
-        parsed = parse_messages(await _body(request))
+        parsed = parse_messages(await read_json(request, OpenAIError))
         text = self._render(parsed)
         prompt, text_parent = front._prompt_ids(session, text, front.model.encode)
         [spec] = front._specs(prompt, parsed.sampling, 1)
@@ -55,11 +55,11 @@ class MessagesEndpoint:
         if response is not None:
             return response
         content, calls = self._content(completion, spec, parse_tools)
-        return _json(message_response(message_id, front.model.name, prompt, completion, content, calls, spec.stop))
+        return json_response(message_response(message_id, front.model.name, prompt, completion, content, calls, spec.stop))
 
     async def count_tokens(self, request: web.Request) -> web.Response:
-        parsed = parse_messages(await _body(request), count_only=True)
-        return _json({"input_tokens": len(self.front.model.encode(self._render(parsed)))})
+        parsed = parse_messages(await read_json(request, OpenAIError), count_only=True)
+        return json_response({"input_tokens": len(self.front.model.encode(self._render(parsed)))})
 
     def _render(self, parsed: MessagesRequest) -> str:
         try:
@@ -119,15 +119,3 @@ class MessagesEndpoint:
         await send(message_delta(completion, calls, spec.stop))
         await send(MESSAGE_STOP)
         return response, completion
-
-
-async def _body(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return orjson.loads(raw) if raw.strip() else None
-    except orjson.JSONDecodeError as error:
-        raise OpenAIError(f"malformed JSON body: {error}") from None
-
-
-def _json(payload: Any) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), content_type="application/json")

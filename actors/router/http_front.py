@@ -33,6 +33,7 @@ from actors.router.anthropic_protocol import error_body as anthropic_error_body,
 from actors.router.completion import Completion, CompletionFailed, CompletionSpec, TextStream, complete, completion_text
 from actors.router.config import RouterConfig
 from actors.router.errors import RouterError
+from actors.router.http_json import json_response, read_json
 from actors.router.native_protocol import NativeError, NativeItem, generate_response, parse_generate
 from actors.router.openai_protocol import (
     ChoiceOut, OpenAIError, Sampling, chat_chunk, chat_response, completions_chunk, completions_response,
@@ -150,15 +151,15 @@ class HttpFront:
         return web.Response(status=200)
 
     async def _model_info(self, _request: web.Request) -> web.Response:
-        return _json({"model_path": self.model.name, "tokenizer_path": self.model.name, "is_generation": True})
+        return json_response({"model_path": self.model.name, "tokenizer_path": self.model.name, "is_generation": True})
 
     async def _models(self, _request: web.Request) -> web.Response:
-        return _json(models_response(self.model.name, self._created))
+        return json_response(models_response(self.model.name, self._created))
 
     # ----- SGLang /generate ---------------------------------------------------------------------
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
-        body = await _body(request, openai=False)
+        body = await read_json(request, NativeError)
         text = body.get("text") if isinstance(body, dict) and body.get("input_ids") is None else None
         prompts: dict[str, tuple[list[int], Any]] = {}  # text -> (ids, text parent) of a recorded session
 
@@ -180,7 +181,7 @@ class HttpFront:
             self._end(session)
         self._record_items(session, items, completions, texts, prompts)
         outputs = [generate_response(item, c, self._text(c, item.spec)) for item, c in zip(items, completions)]
-        return _json(outputs if is_batch else outputs[0])
+        return json_response(outputs if is_batch else outputs[0])
 
     async def _stream_generate(self, request: web.Request, session: _Session, item: NativeItem,
                                texts: list[str] | None, prompts: dict[str, tuple[list[int], Any]]
@@ -203,7 +204,7 @@ class HttpFront:
     # ----- OpenAI /v1/chat/completions ----------------------------------------------------------
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
-        chat = parse_chat(await _body(request, openai=True))
+        chat = parse_chat(await read_json(request, OpenAIError))
         try:
             text = self.model.render_chat(chat.messages, chat.tools, chat.template_kwargs)
         except Exception as error:  # noqa: BLE001 - jinja raises many types for a message it cannot take
@@ -225,7 +226,7 @@ class HttpFront:
             self._record(session, prompt, [c.completion for c in choices], text, text_parent)
         if response is not None:
             return response
-        return _json(chat_response(request_id, self.model.name, prompt, choices, chat.sampling.logprobs))
+        return json_response(chat_response(request_id, self.model.name, prompt, choices, chat.sampling.logprobs))
 
     async def _stream_chat(self, request: web.Request, session: _Session, specs: list[CompletionSpec], chat: Any,
                            request_id: str, prompt: list[int]
@@ -267,7 +268,7 @@ class HttpFront:
     # ----- OpenAI /v1/completions ---------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
-        parsed = parse_completions(await _body(request, openai=True))
+        parsed = parse_completions(await read_json(request, OpenAIError))
         sampling, n = parsed.sampling, parsed.sampling.n
         prompts, texts, parents = [], [], []
         for prompt in parsed.prompts:
@@ -298,7 +299,7 @@ class HttpFront:
         if parsed.echo:
             for k, choice in enumerate(choices):
                 choice.text = (texts[k // n] or self.model.decode(prompts[k // n])) + choice.text
-        return _json(completions_response(request_id, name, prompts, choices, n, sampling.logprobs))
+        return json_response(completions_response(request_id, name, prompts, choices, n, sampling.logprobs))
 
     async def _stream_completions(self, request: web.Request, session: _Session, specs: list[CompletionSpec],
                                   parsed: Any, request_id: str, prompts: list[list[int]]
@@ -493,29 +494,15 @@ def _classify(error: BaseException) -> tuple[int, str, str | None]:
 def _error(openai: bool, status: int, message: str, kind: str, param: str | None = None,
            code: str | None = None) -> web.Response:
     body = error_body(message, kind, param, code) if openai else {"error": {"message": message}}
-    return _json(body, status)
+    return json_response(body, status)
 
 
 def _error_for(path: str) -> Callable[..., web.Response]:
     """``_error`` in the format of the API ``path`` belongs to: Anthropic's, OpenAI's or SGLang's."""
     if is_messages_path(path):
-        return lambda status, message, *_, **__: _json(anthropic_error_body(status, message), status)
+        return lambda status, message, *_, **__: json_response(anthropic_error_body(status, message), status)
     openai = "/v1/" in path
     return lambda *args, **kwargs: _error(openai, *args, **kwargs)
-
-
-def _json(payload: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
-
-
-async def _body(request: web.Request, *, openai: bool) -> Any:
-    raw = await request.read()
-    try:
-        return orjson.loads(raw) if raw.strip() else None
-    except orjson.JSONDecodeError as error:
-        if openai:
-            raise OpenAIError(f"malformed JSON body: {error}") from None
-        raise NativeError(f"malformed JSON body: {error}") from None
 
 
 async def _sse(request: web.Request) -> web.StreamResponse:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from actors.router.http_json import json_response, read_json
 from actors.router.completion import CompletionSpec, TextStream
 from actors.router.openai_protocol import ChoiceOut, OpenAIError
 from actors.router.responses_protocol import (
@@ -55,7 +56,7 @@ class ResponsesEndpoint:
     async def create(self, request: web.Request) -> web.StreamResponse:
         front = self.front
         session = front._session(request)
-        parsed = parse_responses(await _body(request))
+        parsed = parse_responses(await read_json(request, OpenAIError))
         parent = self._parent(parsed, session)
         messages = chat_messages(parsed.instructions, (parent.conversation() if parent else []) + parsed.items)
         try:
@@ -73,7 +74,7 @@ class ResponsesEndpoint:
             front._end(session)
         choice = front._choice(completion, spec, parsed.parse_tools, parsed.sampling.logprobs)
         output = self._commit(turn, choice)
-        return _json(self._final(turn, output, choice))
+        return json_response(self._final(turn, output, choice))
 
     def _parent(self, parsed: ResponsesRequest, session: _Session) -> StoredResponse | None:
         previous = parsed.previous_response_id
@@ -216,15 +217,3 @@ async def _send_call(events: _EventWriter, index: int, item: dict[str, Any]) -> 
     await events.send("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                       name=item["name"], arguments=item["arguments"])
     await events.send("response.output_item.done", output_index=index, item=item)
-
-
-def _json(payload: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
-
-
-async def _body(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return orjson.loads(raw) if raw.strip() else None
-    except orjson.JSONDecodeError as error:
-        raise OpenAIError(f"malformed JSON body: {error}") from None

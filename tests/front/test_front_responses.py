@@ -4,17 +4,13 @@ engine (function-tool round trips with ``previous_response_id`` and with the ful
 trajectory capture through a session, errors), and through the standalone ``slime-async router``."""
 
 import json
-import re
-import subprocess
-import sys
-import time
 
 import openai
 import pytest
 
 from actors.rollout.generate import GenerateContext
 from slime_async.sample import Sample
-from tests.front.conftest import ADD_TOOL
+from tests.front.conftest import ADD_TOOL, standalone_router
 
 ADD = {"type": "function", **ADD_TOOL["function"]}  # Responses' flat function tool
 CALL_TEXT = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
@@ -192,21 +188,8 @@ async def test_a_response_not_stored_or_from_another_session_is_not_continued(sc
 
 
 def test_the_standalone_router_command_serves_responses(cpu_engine, chat_model_dir, text_model):
-    process = subprocess.Popen(
-        [sys.executable, "-m", "actors.loop.cli", "router", "--engine-url", cpu_engine,
-         "--model-path", str(chat_model_dir), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        url, deadline, seen = None, time.monotonic() + 120, []
-        while url is None and time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if not line and process.poll() is not None:
-                break
-            seen.append(line)
-            match = re.search(r"router listening on (http://\S+)", line)
-            url = match.group(1) if match else None
-        assert url is not None, "".join(seen)
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    with standalone_router(cpu_engine, chat_model_dir, api_key="k") as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k")
         first = client.responses.create(model=chat_model_dir.name, input=QUESTION, tools=[ADD], max_output_tokens=4)
         assert first.model == chat_model_dir.name and first.status in ("completed", "incomplete")
         events = list(client.responses.create(model=chat_model_dir.name, input="and 3 + 4?", tools=[ADD],
@@ -215,9 +198,6 @@ def test_the_standalone_router_command_serves_responses(cpu_engine, chat_model_d
         second = events[-1].response
         prompt = text_model.decode(second.model_extra["prompt_token_ids"], skip_special_tokens=False)
         assert QUESTION in prompt and "and 3 + 4?" in prompt and second.previous_response_id == first.id
-    finally:
-        process.terminate()
-        assert process.wait(timeout=30) in (0, 128 + 15, -15)
 
 
 @pytest.mark.parametrize("streamed", [False, True])
