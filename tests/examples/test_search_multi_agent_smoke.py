@@ -119,8 +119,10 @@ def test_retrieved_passages_are_observations_and_the_reward_is_the_exact_match(s
         observations = [tokenizer.decode(response[a:b]) for a, b in spans(mask, 0)]
         assert len(observations) == sample["metadata"]["metrics"]["searches"]
         assert all(o.startswith("<information>") and o.endswith("</information>") for o in observations)
+        # no retrieved block is attributed to the model (the tiny model may itself write an
+        # "<information>" tag: that is model text, and trained as such)
         model_text = "".join(tokenizer.decode(response[a:b]) for a, b in spans(mask, 1))
-        assert "<information>" not in model_text
+        assert not any(o in model_text for o in observations)
         assert all(sample["rollout_logprobs"][k] == 0.0 for k, m in enumerate(mask) if m == 0)
         # a training sample whose search retrieved its answer's passage earns prepare.py's credit
         found = any(sample["metadata"]["evidence"] in o for o in observations)
