@@ -8,8 +8,8 @@
 # (CPU fp32: 0.10 after 5 steps of 16 traces, 0.91 after 6; the first GPU attempt: 0.000 after 5 in
 # bf16; 20 x 64 reached 0.977 and left GRPO nothing to learn). So SFT exports after every step
 # (--save-hf .../step{step}), and benchmarks/gpu/pick_warm_start.py loads the snapshots from step
-# SFT_FROM on into SGLang one by one, measures each on PICK_ROWS training problems (greedy, a
-# rollout-only run) and keeps the first whose reward is in [LOW, HIGH] (see its doc for overshoots).
+# SFT_FROM on into SGLang (every STRIDE-th first), measures each on PICK_ROWS training problems
+# (greedy, a rollout-only run) and keeps the first whose reward is in [LOW, HIGH] (its doc: overshoots).
 #
 # Phases (device calls; each within the 30 s the host stays warm after the previous one):
 #   b1      carry .gpu-wheels/b1
@@ -30,8 +30,14 @@ source benchmarks/gpu/common.sh
 WORK=${WORK:-/tmp/agent}
 URL=http://127.0.0.1:${PORT:-30000}
 CI=examples/agentic/code_interpreter
-SFT_STEPS=${SFT_STEPS:-12}    # snapshots step1..stepN (16 traces a step)
-SFT_FROM=${SFT_FROM:-4}       # the first snapshot measured
+# bf16 holds the weights the model runs with: Adam's first steps move a weight by about lr (1e-5),
+# and a weight of 0.03-0.05 changes its bf16 value only after a 6e-5-1.2e-4 drift of its fp32 main
+# copy, i.e. 6-12 steps (5 x 16 at 1e-5 left the GPU model at 0.000; fp32 on CPU: 0.102); 20 x 64
+# reached 0.977.
+SFT_STEPS=${SFT_STEPS:-20}    # snapshots step1..stepN (16 traces a step)
+SFT_FROM=${SFT_FROM:-6}       # the first snapshot measured (then every STRIDE-th, see pick_warm_start.py)
+STRIDE=${STRIDE:-2}
+GRPO_LR=${GRPO_LR:-1e-5}      # the CPU run's (0.102 -> 0.977 in 10 steps); gpu.toml's 2e-6 barely moves bf16 weights
 SFT_BATCH=${SFT_BATCH:-16}
 LOW=${LOW:-0.10} HIGH=${HIGH:-0.50}
 PICK_ROWS=${PICK_ROWS:-64}
@@ -71,7 +77,7 @@ warm() {  # SFT with a snapshot per step, then the first snapshot in the band ->
   head -n "$PICK_ROWS" $WORK/data/train.jsonl > $WORK/data/pick.jsonl
   candidates=$(for s in $(seq $SFT_FROM $SFT_STEPS); do echo $WORK/sft-hf/step$s; done)
   # shellcheck disable=SC2086
-  python3 benchmarks/gpu/pick_warm_start.py --engine $URL --low $LOW --high $HIGH --run-dir $WORK/pick \
+  python3 benchmarks/gpu/pick_warm_start.py --engine $URL --low $LOW --high $HIGH --stride $STRIDE --run-dir $WORK/pick \
     --out $WORK/picked.txt $candidates -- --config $GRPO_CONFIG --prompt-data $WORK/data/train.jsonl \
     --eval-prompt-data $WORK/data/pick.jsonl "${ENGINE_FLAGS[@]}" 2>&1 | tee "$OUT/agent_pick.txt"
   [ -f $WORK/picked.txt ] || { FAILED=$(ls -t $WORK/pick/*.log 2>/dev/null | head -1); FAILED=${FAILED:-$OUT/agent_pick.txt}; return 1; }
@@ -84,7 +90,7 @@ grpo() {  # grpo SECONDS FLAGS...: GRPO from the picked warm start, resuming fro
   [ -f $WORK/ckpt/latest ] && resume=(--load $WORK/ckpt)
   train grpo$n "$seconds" --config $GRPO_CONFIG --hf-checkpoint "$(cat $WORK/picked.txt)" \
     --prompt-data $WORK/data/train.jsonl --eval-prompt-data $WORK/data/heldout.jsonl \
-    --rollout-external-engine-addrs $URL --eval-interval 5 --save $WORK/ckpt --save-interval $SAVE_INTERVAL \
+    --rollout-external-engine-addrs $URL --eval-interval 5 --save $WORK/ckpt --save-interval $SAVE_INTERVAL --lr $GRPO_LR \
     "${ENGINE_FLAGS[@]}" "${resume[@]}" "$@"
   python3 benchmarks/gpu/learning_curve.py $WORK/grpo[0-9]*/metrics.jsonl --columns $COLUMNS \
     $(python3 -c "import matplotlib" 2>/dev/null && echo --png "$OUT/agent_learning_curve.png") \
