@@ -72,8 +72,10 @@ show_failure() {  # the failed run's last traceback and the CLI's closing `error
 
 warm() {  # SFT with a snapshot per step, then the first snapshot in the band -> $WORK/picked.txt
   local model=$1 candidates
-  train sft 400 --config $SFT_CONFIG --hf-checkpoint "$model" --prompt-data $WORK/data/sft.jsonl \
-    --num-rollout $SFT_STEPS --rollout-batch-size $SFT_BATCH --save-hf "$WORK/sft-hf/step{step}" || return 1
+  # The warm start must finish: here a timeout (124) is a failure too.
+  train sft "${SFT_S:-300}" --config $SFT_CONFIG --hf-checkpoint "$model" --prompt-data $WORK/data/sft.jsonl \
+    --num-rollout $SFT_STEPS --rollout-batch-size $SFT_BATCH --save-hf "$WORK/sft-hf/step{step}" \
+    || { FAILED=$WORK/sft.log; echo "the warm start did not finish in ${SFT_S:-300} s"; return 1; }
   elapsed "$(wait_sglang $URL 400)"
   head -n "$PICK_ROWS" $WORK/data/train.jsonl > $WORK/data/pick.jsonl
   candidates=$(for s in $(seq $SFT_FROM $SFT_STEPS); do echo $WORK/sft-hf/step$s; done)
