@@ -7,6 +7,7 @@ Rank 0 writes {"dtypes": [param dtypes], "resumed_step": int, "same_loss": bool,
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -59,4 +60,8 @@ def main() -> None:
 if __name__ == "__main__":
     main()
     sys.stdout.flush()
+    # dist_checkpointing.save started a multiprocessing Manager (its write-results queue); os._exit
+    # skips its finalizer, and an orphaned Manager would keep the launcher's output pipes open.
+    for child in multiprocessing.active_children():
+        child.terminate()
     os._exit(0)
