@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -104,9 +105,32 @@ async def run_supervised(
 
 def report_error(message: str, file=None) -> None:
     """Print ``error: message``; a message of several lines (a log tail) ends with its first line
-    again, so the console's last line always says what failed."""
+    again, so the console's last line always says what failed. When the message holds a Python
+    traceback (a rank's), that last line also names the exception and where it was raised."""
     file = file or sys.stderr
     print(f"error: {message}", file=file)
-    first = message.strip().splitlines()[0] if message.strip() else ""
-    if "\n" in message.strip():
-        print(f"error: {first}", file=file)
+    lines = message.strip().splitlines()
+    if len(lines) > 1:
+        print(f"error: {lines[0]}{_raised(lines)}", file=file)
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+
+
+def _raised(lines: list[str]) -> str:
+    """`` ValueError: ... (at path/file.py:145)`` for the last traceback in ``lines``, else ''."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return ""
+    frames, exception = [], ""
+    for line in lines[starts[-1] + 1:]:
+        frame = _FRAME.match(line)
+        if frame:
+            frames.append(frame)
+        elif line and not line[0].isspace():
+            exception = line.strip()
+            break
+    if not exception:
+        return ""
+    where = f" (at {frames[-1].group(1)}:{frames[-1].group(2)})" if frames else ""
+    return f" {exception}{where}"

@@ -4,7 +4,8 @@ Each prompt row's label is the target response: prompt ids + label ids + EOS, lo
 label part only. A label may also be a list of segments ``{"text": str, "train": bool}`` — a
 tool-use trace whose tool output the model never writes: each segment is tokenized on its own
 (as a generate hook appends a model turn and then an observation) and only ``train`` segments
-and the EOS carry loss. No engines are involved; the result is exported with ``--save-hf``.
+and the EOS carry loss. No engines are involved; the result is exported with ``--save-hf`` (after
+every step when the path holds ``{step}``: one candidate warm start per step).
 """
 
 from __future__ import annotations
@@ -63,7 +64,10 @@ async def sft_loop(*, trainer: ActorRef, monitor: ActorRef, dataset: Any, tokeni
         metrics = await trainer.ask("train_step", batch, spec, timeout=None)
         monitor.tell("log", step, {**{f"train/{k}": v for k, v in metrics.items()},
                                    "perf/step_time": time.monotonic() - started})
-    if save_hf:
+        if save_hf and "{step}" in save_hf:
+            # One HF export per step: warm-start candidates to measure before RL picks one.
+            await trainer.ask("export_hf", save_hf.format(step=step), timeout=None)
+    if save_hf and "{step}" not in save_hf:
         await trainer.ask("export_hf", save_hf, timeout=None)
     await monitor.ask("flush")
     return 0

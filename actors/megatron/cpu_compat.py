@@ -121,6 +121,21 @@ FALLBACKS: tuple[CpuFallback, ...] = (
     ),
     CpuFallback(
         "megatron.core.optimizer.optimizer",
+        "MixedPrecisionOptimizer.__init__",
+        (("device='cuda'", "device='cpu'"),),
+        "the bf16/fp16 optimizer's found-inf flag, overflow buffer and unit loss scale are created on cuda",
+    ),
+    CpuFallback(
+        "megatron.core.optimizer.optimizer",
+        "Float16OptimizerWithFloat16Params.__init__",
+        (
+            ("['torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor']", "['torch.HalfTensor', 'torch.BFloat16Tensor']"),
+            ("param.type() == 'torch.cuda.FloatTensor'", "param.type() == 'torch.FloatTensor'"),
+        ),
+        "the bf16/fp16 optimizer accepts only CUDA parameters (by type name)",
+    ),
+    CpuFallback(
+        "megatron.core.optimizer.optimizer",
         "ChainedOptimizer.get_loss_scale",
         ((_CUR_DEV, '"cpu"'),),
         "an empty chained optimizer's loss scale is created on cuda",

@@ -65,6 +65,7 @@ def build_gpt_model(
     # RotaryEmbedding caches its output per sequence length.
     rope = model.rotary_pos_emb
     rope.inv_freq = rope_inv_freq(hf_config).to(rope.inv_freq.device)
+    _cast_params(model, config.params_dtype)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     if load_weights:
@@ -72,3 +73,18 @@ def build_gpt_model(
             raise ValueError("load_weights=True needs an HF checkpoint directory, not a config object")
         load_hf_weights(model, hf_dir_or_config)
     return model
+
+
+def _cast_params(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every floating-point parameter in ``dtype`` (buffers such as RoPE's frequencies stay fp32).
+
+    The local spec's norms are ``torch.nn.RMSNorm``, created in torch's default fp32 whatever
+    ``params_dtype`` says (Megatron-LM casts its whole model through Float16Module; this trainer
+    does not wrap it). With bf16 those fp32 norms land in the Float16 optimizer's fp32 group,
+    whose ``sharded_state_dict`` maps only its float16 group to the model's tensors: a run
+    checkpoint then fails ("Param id N does not match any model sharded param"). The HF model
+    (and SGLang's copy of it) keeps its norms in the checkpoint dtype too.
+    """
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)

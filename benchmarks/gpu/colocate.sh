@@ -6,7 +6,7 @@
 # consecutive calls (each within the 30 s the host stays warm), as smollm2_grpo.sh does:
 #   b1          carry .gpu-wheels/b1                       (../shared/gpu/sglang-wheels.sh .gpu-wheels)
 #   b2          carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b4 .gpu-wheels/b5 .gpu-wheels/b6 (b3: math-verify,
-#               aiorwlock; b4: bm25s, for agentic_smollm2.sh on the same host; b5: torch_memory_saver
+#               aiorwlock; b4: bm25s, the search agent's; b5: torch_memory_saver
 #               0.0.10, which SGLang's --enable-memory-saver needs; b6: zstandard 0.25.0 for cp312,
 #               setup.cfg's pin for the delta codec: without it the runtime fails at start)
 #   one-gpu     (nvidia-h200) 8 sync GRPO steps colocated on GPU 0, Qwen2.5-0.5B shape (rl_colocate.toml);
@@ -31,7 +31,7 @@ max_position_embeddings=4096, tie_word_embeddings=True)" 2>&1 | tail -1
   python3 examples/quickstart/make_task.py --out /tmp/rl/data | tail -1
 }
 
-install() {  # once per host (agentic_smollm2.sh run installs the same batches)
+install() {  # once per host (agent_smollm2.sh run installs the same batches)
   python3 -c "import sglang, megatron.core, torch_memory_saver" 2>/dev/null && return
   [ -d /tmp/b1 ] && [ -d /tmp/b2 ] || { echo "a staged batch is missing: the host went cold"; exit 4; }
   pipi /tmp/b1/*.whl /tmp/b2/*.whl

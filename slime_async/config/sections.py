@@ -50,7 +50,8 @@ class CheckpointConfig:
     load: str | None = field(default=None, metadata=_help("resume from this checkpoint: a step directory, or a --save root (its latest)"))
     save_interval: int | None = field(default=None, metadata=_help("save every N training steps (and at the end of the run)"))
     save_hf: str | None = field(default=None, metadata=_help(
-        "also export HF-format weights here at each save ({step} is replaced by the step)"))
+        "also export HF-format weights here at each save ({step} is replaced by the step; an SFT run "
+        "with {step} in the path exports after every step)"))
     max_run_restarts: int = field(default=3, metadata=_help(
         "when an RL run that has trained fails (a trainer rank dies, engines run out of restarts...), "
         "restart the whole run from the latest checkpoint in --save up to this many times; needs --save"))
