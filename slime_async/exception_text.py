@@ -178,6 +178,8 @@ def describe(error: BaseException) -> str:
 def _one(error: BaseException) -> str:
     message = str(error).strip().splitlines()
     text = f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
+    if isinstance(error, SyntaxError) and error.filename:  # where the bad code is, not who compiled it
+        return f"{text} (at {error.filename}:{error.lineno})"
     frames = traceback.extract_tb(error.__traceback__)
     own = [frame for frame in frames if not _LIBRARY.search(frame.filename)]
     frame = (own or frames or [None])[-1]

@@ -15,7 +15,7 @@ SITE = "/venv/lib/python3.12/site-packages/sglang/srt"
 # then SIGQUITs the launcher, whose handler logs "Received sigquit ..." and kills the tree.
 SGLANG_MID_RUN = f"""\
 [2026-12-02 10:00:01] INFO:     127.0.0.1:50412 - "POST /generate HTTP/1.1" 200 OK
-[2026-12-02 10:00:02 TP0] Decode batch, #running-req: 3, #token: 412, token usage: 0.00, gen throughput (token/s): 912.40, #queue-req: 0,
+[2026-12-02 10:00:02 TP0] Decode batch, #running-req: 3, #token: 412, token usage: 0.00, #queue-req: 0,
 [2026-12-02 10:00:02 TP0] Scheduler hit an exception: Traceback (most recent call last):
   File "{SITE}/managers/scheduler.py", line 2712, in run_scheduler_process
     scheduler.event_loop_overlap()
@@ -133,7 +133,8 @@ safetensors._safetensors_rust.SafetensorError: Error while deserializing header:
         '  File "/work/actors/engine/cpu/model_runner.py", line 86, in __init__',
         "    self.model = AutoModelForCausalLM.from_pretrained(path)",
         "  ...",
-        '  File "/venv/lib/python3.11/site-packages/transformers/modeling_utils.py", line 4445, in _load_pretrained_model',
+        '  File "/venv/lib/python3.11/site-packages/transformers/modeling_utils.py", line 4445, in '
+        "_load_pretrained_model",
         '    file_pointer = safe_open(file, framework="pt", device="cpu")',
         "safetensors._safetensors_rust.SafetensorError: Error while deserializing header: header too large"]
 
