@@ -10,8 +10,10 @@
 # Two calls, the second within the 30 s the host stays warm after the first:
 #   stage  carry .gpu-wheels/b1                       (../shared/gpu/sglang-wheels.sh .gpu-wheels)
 #   run    carry .gpu-wheels/b2 .gpu-wheels/b6        installs, writes model and data, runs FAULTS
-# FAULTS defaults to every fault; split them over calls (each call has 10 minutes; a run is ~1-2
-# minutes, sigstop-engine 60 s more) with FAULTS=... and keep the first call's "none" baseline.
+# FAULTS defaults to every fault; split them over calls (each call has 10 minutes; a run starts its
+# own SGLang, 1-3 minutes with its JIT, sigstop-engine 60 s more) with FAULTS=...: later calls on the
+# warm host need no carry (the wheels stay installed) and append to the same table if OUT is kept,
+# else merge the chaos.jsonl files. The trainer-rank fault saves a checkpoint every step.
 # $OUT/chaos.md is the table, $OUT/chaos.jsonl its rows, $OUT/<fault>.log each run's log;
 # copy them into benchmarks/gpu/results/chaos/ and the table into docs/reliability.md.
 set -uo pipefail
@@ -24,12 +26,8 @@ stage)
   mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L
   ;;
 run)
-  [ -d /tmp/b1 ] || { echo "b1 is missing: the host went cold between the calls"; exit 4; }
-  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl .gpu-wheels/b6/*.whl
-  python3 -c "import sglang; print('sglang', sglang.__version__)" || exit 3
-  python3 -c "from examples.models.tiny import build_tiny_model as b; b('$W/base', vocab_size=512, \
-hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, \
-max_position_embeddings=4096, tie_word_embeddings=True)" 2>&1 | tail -1
+  install_sglang
+  write_qwen05_shape $W/base 4096
   python3 examples/quickstart/make_task.py --out $W/data | tail -1
   elapsed "prepared"
   timeout $(( ${BUDGET_S:-570} - SECONDS )) python3 -m benchmarks.gpu.chaos --out "$OUT" --faults "$FAULTS" \
