@@ -24,6 +24,7 @@ import aiohttp
 import psutil
 
 from slime_async.actor import Actor
+from slime_async.exception_text import exception_section, log_exception, log_window
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +46,29 @@ class ProcessSpec:
 
 
 class ProcessExited(RuntimeError):
-    """The process ended although nobody stopped it."""
+    """The process ended although nobody stopped it; the message ends with the exception it
+    printed, if any (``child_exception``: what the console shows last)."""
 
-    def __init__(self, name: str, returncode: int | None, log_path: Path, tail: str):
+    def __init__(self, name: str, returncode: int | None, log_path: Path, tail: str, exception: str = ""):
+        self.child_exception = exception_section(name, exception)
         super().__init__(
             f"process {name!r} exited with code {returncode}; last lines of {log_path}:\n{tail}"
+            + (f"\n{self.child_exception}" if self.child_exception else "")
         )
         self.returncode = returncode
         self.log_path = log_path
+        self.exception = exception
 
 
 class ReadinessTimeout(RuntimeError):
-    pass
+    def __init__(self, message: str, exception: str = ""):
+        self.child_exception = exception
+        super().__init__(message + (f"\n{exception}" if exception else ""))
+
+
+def exited(name: str, returncode: int | None, log_path: Path) -> ProcessExited:
+    """The ProcessExited of the child logging to ``log_path``: its tail and its own exception."""
+    return ProcessExited(name, returncode, log_path, log_tail(log_path), log_exception(log_window(log_path)))
 
 
 def http_ready(url: str, timeout: float = 2.0) -> ReadinessProbe:
@@ -129,13 +141,15 @@ class ProcessChild(Actor):
         deadline = time.monotonic() + spec.ready_timeout
         while True:
             if self.process.returncode is not None:
-                raise ProcessExited(spec.name, self.process.returncode, self.log_path, log_tail(self.log_path))
+                raise exited(spec.name, self.process.returncode, self.log_path)
             if await spec.ready():
                 return
             if time.monotonic() > deadline:
+                # A server whose worker died may hang instead of exiting: its exception says why.
                 raise ReadinessTimeout(
                     f"process {spec.name!r} was not ready within {spec.ready_timeout:g} s; "
-                    f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+                    f"last lines of {self.log_path}:\n{log_tail(self.log_path)}",
+                    exception_section(spec.name, log_exception(log_window(self.log_path))),
                 )
             await asyncio.sleep(spec.ready_interval)
 
@@ -147,7 +161,7 @@ class ProcessChild(Actor):
             log.info("%s exited with code 0", self.spec.name)
             self.exit()
             return
-        raise ProcessExited(self.spec.name, returncode, self.log_path, log_tail(self.log_path))
+        raise exited(self.spec.name, returncode, self.log_path)
 
     async def on_stop(self) -> None:
         await self._terminate()

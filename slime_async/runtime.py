@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from slime_async.actor import ActorFailed, ActorStopped, spawn
+from slime_async.exception_text import child_exception
 from slime_async.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,8 @@ async def run_supervised(
             await asyncio.gather(starting, return_exceptions=True)
             return 128 + received.result().value
         if starting.exception() is not None:  # a child failed to start
-            report_error(f"{root.name} failed to start: {starting.exception()}")
+            report_error(f"{root.name} failed to start: {starting.exception()}",
+                         exception=child_exception(starting.exception()))
             return EXIT_FAILURE
         ref = starting.result()
         tree = asyncio.create_task(ref.wait())
@@ -82,7 +84,7 @@ async def run_supervised(
             await asyncio.gather(work, return_exceptions=True)
             error = tree.exception()
             if isinstance(error, ActorFailed):
-                report_error(str(error.error))
+                report_error(str(error.error), exception=child_exception(error.error))
                 return EXIT_FAILURE
             return 0
         if received.done():
@@ -95,7 +97,7 @@ async def run_supervised(
         tree.cancel()
         if work.exception() is not None:
             error = work.exception()
-            report_error(f"{type(error).__name__}: {error}")
+            report_error(f"{type(error).__name__}: {error}", exception=child_exception(error))
             return EXIT_FAILURE
         return int(work.result() or 0)
     finally:
@@ -103,15 +105,23 @@ async def run_supervised(
             loop.remove_signal_handler(sig)
 
 
-def report_error(message: str, file=None) -> None:
+def report_error(message: str, file=None, exception: str = "") -> None:
     """Print ``error: message``; a message of several lines (a log tail) ends with its first line
-    again, so the console's last line always says what failed. When the message holds a Python
-    traceback (a rank's), that last line also names the exception and where it was raised."""
+    again, so the console's last lines say what failed: that line, then the failed child's own
+    ``exception`` (a section ending ``message``, see ``exception_text.child_exception``)."""
     file = file or sys.stderr
+    message = message.strip()
+    if exception and message.endswith(exception):
+        message = message[:-len(exception)].rstrip()
+    else:
+        exception = ""
     print(f"error: {message}", file=file)
-    lines = message.strip().splitlines()
-    if len(lines) > 1:
-        print(f"error: {lines[0]}{_raised(lines)}", file=file)
+    first = message.splitlines()[0] if message else ""
+    if exception:
+        print(f"error: {first}", file=file)
+        print(exception, file=file)
+    elif "\n" in message:  # a log tail or an op error carrying a traceback: name what was raised
+        print(f"error: {first}{_raised(message.splitlines())}", file=file)
 
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.distributed.rpc as rpc
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from actors.megatron.parent_death import die_with_parent
 from actors.megatron.protocol import TrainerOpError
@@ -112,6 +113,9 @@ def parse_args(argv: list[str] | None, prog: str, description: str) -> argparse.
     return parser.parse_args(argv)
 
 
+# @record: an exception of the rank goes to torchrun's error file, and torchrun's failure summary
+# ends with it whole however long it is (slime_async/exception_text.py reads it from there).
+@record
 def run(argv: list[str] | None, *, role: str, build_ops: Callable[[Any], Any], prog: str, description: str) -> int:
     """A worker program's main: parse its flags, build ``build_ops(TrainerConfig)`` on this rank,
     join the RPC group as ``<rpc_prefix(role)><rank>`` and serve until shut down."""

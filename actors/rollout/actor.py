@@ -33,6 +33,7 @@ from actors.rollout.slime_plugins import SlimePlugins
 from policies.concurrency import OVERSUBSCRIPTION, UNKNOWN_ENGINE_SLOTS, group_slots, rollout_concurrency
 from policies.sampling_filters import BUILTIN_FILTERS
 from slime_async.actor import Actor, ActorRef
+from slime_async.exception_text import describe
 from slime_async.limiter import Limiter
 from slime_async.sample import Sample, Status
 from slime_async.task_group import gather_or_cancel
@@ -270,20 +271,22 @@ class RolloutActor(Actor):
     async def _run_group(self, prompt: Any, attempts: int, group_index: int, admitted: int | None) -> None:
         try:
             group = await self._generate_group(prompt, group_index)
-        except Exception as error:  # noqa: BLE001 - engine errors are counted and survived
+        except Exception as error:  # noqa: BLE001 - engine and hook errors are counted and survived
             self._counters["generation_errors"] += 1
             self._consecutive_failures += 1
+            # A hook's exception names its own frame (the user's file and line), not just its message.
+            reason = describe(error)
             self._settle(group_index)
             if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
                 # Nothing is being produced: end the run with the reason instead of spinning.
                 self._counters["groups_failed"] += 1  # dropped too: its prompt is not retried
-                self.fail(RuntimeError(f"{self._consecutive_failures} prompt groups in a row failed; last: {error}"))
+                self.fail(RuntimeError(f"{self._consecutive_failures} prompt groups in a row failed; last: {reason}"))
                 return
             if attempts + 1 < MAX_GROUP_ATTEMPTS:
-                log.warning("rollout: group %d failed (%s); retrying its prompt", group_index, error)
+                log.warning("rollout: group %d failed (%s); retrying its prompt", group_index, reason)
                 self._retry.append((prompt, attempts + 1))
             else:
-                log.error("rollout: group %d failed %d times, dropped: %s", group_index, MAX_GROUP_ATTEMPTS, error)
+                log.error("rollout: group %d failed %d times, dropped: %s", group_index, MAX_GROUP_ATTEMPTS, reason)
                 self._counters["groups_failed"] += 1
             await self.buffer.ask("cancel_reservation", admitted=admitted)
             return

@@ -17,6 +17,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Literal
 
+from slime_async.exception_text import describe
+
 HookStyle = Literal["native", "slime"]
 COMPAT_PACKAGE = "slime_async.compat.slime"
 
@@ -36,7 +38,8 @@ def split_function_path(path: str) -> tuple[str, str]:
 
 
 def load_function(path: str, flag: str) -> Callable[..., Any]:
-    """Import the hook at ``path``; errors name the flag and what is wrong."""
+    """Import the hook at ``path``; errors are one line naming the flag, the hook and what is
+    wrong (for a module that raises on import: its exception and where, in the user's file)."""
     try:
         module_name, attr = split_function_path(path)
     except ValueError as error:
@@ -50,12 +53,12 @@ def load_function(path: str, flag: str) -> Callable[..., Any]:
             # The hook's own module (or its package) is not on sys.path; a console script, unlike
             # `python -m`, does not put the current directory there.
             hint = " (hooks import from sys.path: add the directory that holds it to PYTHONPATH)"
-        raise ValueError(f"{flag}: cannot import module {module_name!r}: {error}{hint}") from None
+        raise ValueError(f"{flag} {path}: cannot import module {module_name!r}: {error}{hint}") from None
     except Exception as error:  # noqa: BLE001 - the module itself is broken (SyntaxError, NameError, ...)
-        raise ValueError(f"{flag}: importing module {module_name!r} failed: {type(error).__name__}: {error}") from None
+        raise ValueError(f"{flag} {path}: importing module {module_name!r} failed: {describe(error)}") from None
     function = getattr(module, attr, None)
     if function is None or not callable(function):
-        raise ValueError(f"{flag}: module {module_name!r} has no function {attr!r}")
+        raise ValueError(f"{flag} {path}: module {module_name!r} has no function {attr!r}")
     return function
 
 

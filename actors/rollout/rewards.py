@@ -21,6 +21,7 @@ from actors.rollout.config import REASONING_GYM
 from actors.rollout.reasoning_gym import ReasoningGymReward
 from actors.rollout.reward_runner import RewardRunner
 from policies.rewards import BUILTIN_REWARDS
+from slime_async.exception_text import describe
 from slime_async.sample import Sample, Status
 from slime_async.trace import TraceRecorder
 from slime_async.task_group import gather_or_cancel
@@ -114,7 +115,7 @@ class RewardScorer:
         timed_out = isinstance(error, asyncio.TimeoutError)
         self.timeouts += len(samples) if timed_out else 0
         reason = (f"timed out after --reward-timeout {self.config.reward_timeout:g} s" if timed_out
-                  else f"{type(error).__name__}: {error}")
+                  else describe(error))
         for sample in samples:
             log.warning("reward of sample %d/%d failed (%s)", sample.group_index, sample.index, reason)
             sample.status = Status.FAILED

@@ -17,6 +17,7 @@ import psutil
 
 from actors.megatron.protocol import RankInfo
 from slime_async.actor import Actor, ActorFailed, ActorRef, spawn
+from slime_async.exception_text import exception_section, log_exception, log_window
 from slime_async.process import ProcessExited, log_tail
 from slime_async.task_group import task_group
 
@@ -27,12 +28,14 @@ WATCH_INTERVAL = 0.1
 
 class TrainerRankDied(RuntimeError):
     def __init__(self, rank: int | None, pid: int | None, log_path: Path, tail: str, detail: str = "",
-                 group: str = "trainer"):
+                 group: str = "trainer", log_text: str | None = None):
+        """``log_text``: the log to find the rank's exception in (``tail`` when None)."""
         who = f"{group} rank {rank} (pid {pid})" if rank is not None else f"the {group} (torchrun)"
         message = f"{who} died{': ' + detail if detail else ''}; last lines of {log_path}:\n{tail}"
-        cause = rank_exception(tail)
-        if cause:  # the rank's own exception last, not torchrun's ChildFailedError summary
-            message += f"\n{who}'s exception:\n{cause}"
+        # The rank's own exception last, not torchrun's ChildFailedError summary.
+        self.child_exception = exception_section(who, log_exception(tail if log_text is None else log_text))
+        if self.child_exception:
+            message += f"\n{self.child_exception}"
         super().__init__(message)
         self.rank = rank
         self.pid = pid
@@ -47,33 +50,13 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]: ?", re.MULTILINE)
-_TRACEBACK = "Traceback (most recent call last):"
-
-
-def rank_exception(log_tail: str, frames: int = 3) -> str:
-    """The last traceback a rank printed in torchrun's log (not torchrun's own ChildFailedError),
-    cut to its innermost ``frames`` frames and its exception line; "" when there is none."""
-    text = _RANK_PREFIX.sub("", log_tail)
-    for block in reversed(text.split(_TRACEBACK)[1:]):
-        lines = block.strip("\n").splitlines()
-        end = next((i for i, line in enumerate(lines) if line and not line.startswith(" ")), None)
-        if end is None or "ChildFailedError" in lines[end]:
-            continue
-        frame_starts = [i for i in range(end) if lines[i].startswith("  File ")]
-        start = frame_starts[-frames] if len(frame_starts) >= frames else (frame_starts[0] if frame_starts else end)
-        return "\n".join([_TRACEBACK, *lines[start:end + 1]])
-    return ""
-
-
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.DOTALL)
 
 
-def _root_cause_rank(torchrun_log_tail: str) -> int | None:
-    """The global rank torchrun's failure summary names as the first observed failure."""
-    # The log is appended across restarts: only read what follows the latest start marker.
-    current = torchrun_log_tail.rsplit("=== ", 1)[-1] if "start: " in torchrun_log_tail else torchrun_log_tail
-    match = _ROOT_CAUSE.search(current)
+def _root_cause_rank(torchrun_log: str) -> int | None:
+    """The global rank torchrun's failure summary names as the first observed failure, in the
+    log since its latest start (``log_window``)."""
+    match = _ROOT_CAUSE.search(torchrun_log)
     return int(match.group(1)) if match else None
 
 
@@ -112,13 +95,16 @@ class TorchrunGroup(Actor):
             detail = f"torchrun exited with code {error.returncode}"
         elif error is not None:  # e.g. the agent of its node went away
             detail = str(error).partition("\n")[0] or repr(error)
-        tail = log_tail(self.process.log_path, 120)
+        tail = log_tail(self.process.log_path, 30)
+        # The whole end of the log: torchrun's summary holds the rank's full traceback (@record).
+        window = log_window(self.process.log_path)
         # Ranks that torchrun stopped after the first failure are dead too by now: prefer
         # torchrun's own "first observed failure", then the first rank seen dead.
-        root = _root_cause_rank(tail)
+        root = _root_cause_rank(window)
         first = next((info for info in self.ranks() if info.rank == root), None) or (dead[0] if dead else None)
         death = TrainerRankDied(first.rank if first else None, first.pid if first else None,
-                                self.process.log_path, tail, detail, group=self.group)
+                                self.process.log_path, tail, detail, group=self.group,
+                                log_text=window)
         self.report(death)
         raise death
 

@@ -126,6 +126,9 @@ class WeightSyncActor(Actor):
         with self.trace.span("pause", lane, cat="weight_sync", mode=self.mode):
             await self.router.ask("pause", self.mode, timeout=self.timeout if self.mode != "drain" else None)
         urls = [engine["url"] for engine in await self.router.ask("engines") if engine["health"] != "down"]
+        # The engines are paused from here to the resume (benchmarks/gpu/chaos.py injects faults at this line).
+        log.info("weight sync v%d: %s transfer to %d engine(s) begins (%s)", version, self.transport_name, len(urls),
+                 self.mode)
         with self.trace.span(f"transfer ({self.transport_name})", lane, cat="weight_sync", engines=len(urls)):
             async with self._clients(urls) as clients:
                 if self.colocation is not None:

@@ -43,3 +43,21 @@ while time.time() < deadline:
 print("SGLang", url, status)
 PY
 }
+
+# install_sglang: the wheels an earlier call staged in /tmp/b1 plus .gpu-wheels/b2 and b6 carried by
+# this one (../shared/gpu/sglang-wheels.sh), unless a call before did; exits 4 when the host went cold in between, 3 when
+# SGLang does not import.
+install_sglang() {
+  python3 -c "import sglang" 2>/dev/null && { echo "sglang already installed"; return 0; }  # a warm host's
+  [ -d /tmp/b1 ] || { echo "b1 is missing: the host went cold between the calls"; exit 4; }
+  pipi /tmp/b1/*.whl .gpu-wheels/b2/*.whl .gpu-wheels/b6/*.whl
+  python3 -c "import sglang; print('sglang', sglang.__version__)" || exit 3
+}
+
+# write_qwen05_shape DIR MAX_POSITIONS: Qwen2.5-0.5B's shape (24 layers, hidden 896, GQA 14/2),
+# random init, with the tiny tokenizer's 512-token vocabulary.
+write_qwen05_shape() {
+  python3 -c "from examples.models.tiny import build_tiny_model as b; b('$1', vocab_size=512, \
+hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864, \
+max_position_embeddings=$2, tie_word_embeddings=True)" 2>&1 | tail -1
+}

@@ -31,6 +31,7 @@ from slime_async.cluster.addresses import detect_node_ip, node_environment, spli
 from slime_async.cluster.head import AGENT_ROUTE, HEARTBEAT_S
 from slime_async.cluster.wire import decode_spec
 from slime_async.net import free_port
+from slime_async.exception_text import log_exception, log_window
 from slime_async.process import ProcessChild, ProcessExited, ReadinessTimeout, log_tail
 
 log = logging.getLogger("slime_async.agent")
@@ -78,7 +79,8 @@ class _Session:
             ref = await spawn(process)
         except ProcessExited as error:
             return {"ok": False, "error": str(error), "error_type": "ProcessExited", "returncode": error.returncode,
-                    "log_path": str(process.log_path), "tail": log_tail(process.log_path)}
+                    "log_path": str(process.log_path), "tail": log_tail(process.log_path),
+                    "exception": error.exception}
         except ReadinessTimeout as error:
             return {"ok": False, "error": str(error), "error_type": "ReadinessTimeout",
                     "log_path": str(process.log_path)}
@@ -99,8 +101,10 @@ class _Session:
         self.children.pop(child_id, None)
         if child_id in self.stopping:
             return
+        # The child's own exception is read here, where its log is (the head may not see this disk).
         await self.send({"event": "exited", "child": child_id, "returncode": returncode,
-                         "log_path": str(process.log_path), "tail": log_tail(process.log_path)})
+                         "log_path": str(process.log_path), "tail": log_tail(process.log_path),
+                         "exception": log_exception(log_window(process.log_path))})
 
     async def _op_stop(self, message: dict[str, Any]) -> dict[str, Any]:
         child_id = message["child"]

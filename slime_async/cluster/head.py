@@ -44,8 +44,8 @@ class ClusterError(RuntimeError):
 
 
 class RemoteProcessExited(ProcessExited):
-    def __init__(self, name: str, node: str, returncode: int | None, log_path: Path, tail: str):
-        super().__init__(f"{name} on {node}", returncode, log_path, tail)
+    def __init__(self, name: str, node: str, returncode: int | None, log_path: Path, tail: str, exception: str = ""):
+        super().__init__(f"{name} on {node}", returncode, log_path, tail, exception)
 
 
 @dataclass(frozen=True)
@@ -240,7 +240,7 @@ class RemoteProcessChild(Actor):
                 raise ReadinessTimeout(f"{answer['error']} (on {self.agent.info.describe()})")
             if answer.get("error_type") == "ProcessExited":
                 raise RemoteProcessExited(self.spec.name, self.agent.info.describe(), answer.get("returncode"),
-                                          self.log_path, answer.get("tail", ""))
+                                          self.log_path, answer.get("tail", ""), answer.get("exception", ""))
             raise RuntimeError(f"starting {self.spec.name!r} on {self.agent.info.describe()} failed: {answer['error']}")
         self.pid = answer["result"]["pid"]
         log.info("started %s on %s (pid %d), log %s", self.spec.name, self.agent.info.describe(), self.pid,
@@ -254,7 +254,8 @@ class RemoteProcessChild(Actor):
             self.exit()
             return
         raise RemoteProcessExited(self.spec.name, self.agent.info.describe(), event["returncode"],
-                                  Path(event.get("log_path") or self.log_path), event.get("tail", ""))
+                                  Path(event.get("log_path") or self.log_path), event.get("tail", ""),
+                                  event.get("exception", ""))
 
     async def on_stop(self) -> None:
         self.agent.forget(self._child_id)

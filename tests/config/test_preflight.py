@@ -53,6 +53,8 @@ def files(tmp_path_factory):
     (root / "prompts.jsonl").write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
     (root / "preflight_hooks.py").write_text(HOOKS)
     (root / "preflight_broken.py").write_text("def rm(ctx, sample)\n    return 1.0\n")
+    (root / "preflight_raises.py").write_text("import os\nKEY = os.environ['NO_SUCH_KEY_XYZ']\n\n"
+                                              "async def generate(ctx, sample, sampling_params):\n    return sample\n")
     (root / "preflight_needs_missing_dep.py").write_text("import no_such_dependency_xyz\n\ndef rm(ctx, sample):\n"
                                                          "    return 1.0\n")
     (root / "settings.bin").write_bytes(b"\xff\xfe\x00config")
@@ -103,10 +105,18 @@ CASES = {
     "eval_prompt_data_missing": (["--eval-prompt-data", "held", "{root}/nowhere.jsonl"],
                                  r"--eval-prompt-data \S+/nowhere.jsonl: no such file"),
     "load_missing": (["--load", "{root}/no_checkpoint"], r"--load \S+/no_checkpoint: no such directory"),
-    "rm_not_importable": (["--custom-rm-path", "no_such_module:rm"], r"--custom-rm-path: cannot import module"),
+    "rm_not_importable": (["--custom-rm-path", "no_such_module:rm"],
+                          r"--custom-rm-path no_such_module:rm: cannot import module"),
     "rm_module_broken": (["--custom-rm-path", "preflight_broken:rm"],
-                         r"--custom-rm-path: importing module 'preflight_broken' failed: SyntaxError"),
-    "rm_no_such_function": (["--custom-rm-path", "preflight_hooks:nope"], r"--custom-rm-path: module .* has no function"),
+                         r"--custom-rm-path preflight_broken:rm: importing module 'preflight_broken' failed: "
+                         r"SyntaxError: .*"
+                         r"\(at .*preflight_broken.py:1\)"),
+    "generate_module_raises": (["--custom-generate-function-path", "preflight_raises:generate"],
+                               r"--custom-generate-function-path preflight_raises:generate: importing module "
+                               r"'preflight_raises' failed: KeyError: 'NO_SUCH_KEY_XYZ' \(at .*preflight_raises.py:2 "
+                               r"in <module>\)$"),
+    "rm_no_such_function": (["--custom-rm-path", "preflight_hooks:nope"],
+                            r"--custom-rm-path preflight_hooks:nope: module .* has no function"),
     "rm_wrong_signature": (["--custom-rm-path", "preflight_hooks:rm_without_sample"],
                            r"--custom-rm-path preflight_hooks:rm_without_sample: rm_without_sample\(ctx\) does not "
                            r"take the arguments it will be called with: rm\(ctx, sample\)"),
@@ -151,17 +161,22 @@ CASES = {
     "custom_config_path_a_directory": (["--custom-config-path", "{root}/empty"],
                                        r"--custom-config-path \S+/empty: not a file"),
     "rm_module_not_on_the_path": (["--custom-rm-path", "not_on_sys_path:rm"],
-                                  r"--custom-rm-path: cannot import module 'not_on_sys_path'.*add the directory that "
+                                  r"--custom-rm-path not_on_sys_path:rm: cannot import module 'not_on_sys_path'.*"
+                                  r"add the directory that "
                                   r"holds it to PYTHONPATH"),
     "rm_dependency_missing": (["--custom-rm-path", "preflight_needs_missing_dep:rm"],
-                              r"--custom-rm-path: cannot import module 'preflight_needs_missing_dep': No module named "
+                              r"--custom-rm-path preflight_needs_missing_dep:rm: cannot import module "
+                              r"'preflight_needs_missing_dep': No module named "
                               r"'no_such_dependency_xyz'$"),
     "generate_not_importable": (["--custom-generate-function-path", "no_such_module.generate"],
-                                r"--custom-generate-function-path: cannot import module 'no_such_module'"),
+                                r"--custom-generate-function-path no_such_module.generate: cannot import module "
+                                r"'no_such_module'"),
     "rollout_function_not_importable": (["--rollout-function-path", "no_such_module:rollout"],
-                                        r"--rollout-function-path: cannot import module 'no_such_module'"),
+                                        r"--rollout-function-path no_such_module:rollout: cannot import module "
+                                        r"'no_such_module'"),
     "filter_not_importable": (["--dynamic-sampling-filter-path", "no_such_module:keep"],
-                              r"--dynamic-sampling-filter-path: cannot import module 'no_such_module'"),
+                              r"--dynamic-sampling-filter-path no_such_module:keep: cannot import "
+                              r"module 'no_such_module'"),
     "hook_path_a_file": (["--custom-rm-path", "hooks/my_rm.py:rm"],
                          r"--custom-rm-path: 'hooks/my_rm.py:rm' names a file; name the module as Python imports it "
                          r"\(my_rm:rm, with its directory on PYTHONPATH\)"),

@@ -47,7 +47,7 @@ def test_a_malformed_hook_path_names_the_flag(path):
 
 
 def test_a_missing_function_names_the_module():
-    with pytest.raises(ValueError, match="--custom-rm-path: module 'os.path' has no function 'nope'"):
+    with pytest.raises(ValueError, match="--custom-rm-path os.path.nope: module 'os.path' has no function 'nope'"):
         load_function("os.path.nope", "--custom-rm-path")
 
 

@@ -1,0 +1,322 @@
+"""Chaos against a real run's engine and trainer, one fault per run (issue #29 item 1).
+
+Each fault is one `slime-async train` run (sync mode, prompts in file order: the trained prompts
+are exactly the first steps x rollout-batch-size rows unless one was lost), into which the fault is
+injected once step ``--fault-after`` has trained:
+
+| fault | when | what |
+|---|---|---|
+| none | - | the baseline: step time without a fault |
+| kill9-engine-generating | the engine reports running requests | SIGKILL of the engine's process group |
+| kill9-engine-disk-update | a disk weight sync begins (engines paused) | SIGKILL of the engine |
+| kill9-engine-tensor-update | a CUDA IPC sync begins (GPU only: trainer and engine on one GPU) | SIGKILL of the engine |
+| kill9-engine-paused-in-place | an in_place sync begins (requests paused with their KV) | SIGKILL of the engine |
+| sigstop-engine | the engine reports running requests | SIGSTOP for --stop-seconds, then SIGCONT |
+| kill9-trainer-rank-update | a weight sync begins | SIGKILL of trainer rank 0 (the run saves every step) |
+
+A row per fault (markdown, and JSON lines beside it): the outcome (completes / resumes from its
+checkpoint / fails, with the run's last line), prompts lost (among the first steps x batch rows,
+never trained) and repeated (trained in more than one group), and the seconds from the fault to the
+first step trained once the target is back (the engine answers /health again; the run restarted
+from its checkpoint), beside the baseline's median step time. The same logic runs against
+the CPU engine (tests/benchmarks/test_chaos_driver.py) and against SGLang (benchmarks/gpu/chaos.sh).
+
+    python -m benchmarks.gpu.chaos --out OUT --faults none,kill9-engine-disk-update -- TRAIN FLAGS...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+SYNC_BEGINS = re.compile(r"weight sync v(\d+): \w+ transfer to \d+ engine\(s\) begins")
+ENGINES = re.compile(r"engines \(\w+\): (\S+)")
+ENGINE_PROCESS = ("actors.engine.cpu", "sglang.launch_server")
+
+
+@dataclass(frozen=True)
+class Fault:
+    trigger: str  # "" (none) | "generating" | "sync"
+    target: str = ""  # "engine" | "rank"
+    action: str = "kill9"  # "kill9" | "stop"
+    flags: tuple[str, ...] = ()
+    gpu_only: bool = False
+
+
+FAULTS = {
+    "none": Fault(""),
+    "kill9-engine-generating": Fault("generating", "engine"),
+    "kill9-engine-disk-update": Fault("sync", "engine", flags=("--update-weight-transport", "disk")),
+    "kill9-engine-tensor-update": Fault("sync", "engine", flags=("--update-weight-transport", "tensor"), gpu_only=True),
+    "kill9-engine-paused-in-place": Fault("sync", "engine", flags=("--weight-update-mode", "in_place")),
+    "sigstop-engine": Fault("generating", "engine", action="stop"),
+    "kill9-trainer-rank-update": Fault("sync", "rank", flags=("--save", "{run}/save", "--save-interval", "1")),
+}
+
+
+@dataclass
+class Row:
+    fault: str
+    outcome: str = ""
+    exit_code: int | None = None
+    steps_trained: int = 0
+    prompts_lost: int | None = None
+    prompts_repeated: int | None = None
+    recover_s: float | None = None
+    median_step_s: float | None = None
+    injected_at_step: int | None = None
+    last_line: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+class Run:
+    """One `slime-async train` process in its own session, its log and its metrics rows' arrival times."""
+
+    def __init__(self, run_dir: Path, argv: list[str], env: dict[str, str]):
+        self.run_dir, self.log_path = run_dir, run_dir.with_suffix(".log")
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "actors.loop.cli", "train", "--run-dir",
+                                             str(run_dir), "--no-progress-bar", *argv], stdout=log,
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.step_times: dict[int, float] = {}  # step -> when its metrics row was first seen
+
+    def poll(self) -> None:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a row being written
+            if "train/version" in row:
+                self.step_times.setdefault(int(row["step"]), time.monotonic())
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def pids(self, predicate) -> list[int]:
+        try:
+            children = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+        out = []
+        for child in children:
+            try:
+                if predicate(" ".join(child.cmdline())):
+                    out.append(child.pid)
+            except psutil.Error:
+                pass
+        return out
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def engine_pid(run: Run) -> int | None:
+    # The engine's own process: the one whose parent is not an engine process too (SGLang's schedulers).
+    pids = run.pids(lambda cmd: any(name in cmd for name in ENGINE_PROCESS))
+    tops = [pid for pid in pids if psutil.Process(pid).ppid() not in pids]
+    return tops[0] if tops else None
+
+
+def rank_pid(run: Run) -> int | None:
+    pids = run.pids(lambda cmd: "actors.trainer.worker" in cmd and "torch.distributed.run" not in cmd)
+    return min(pids) if pids else None
+
+
+def engine_url(run: Run) -> str:
+    urls = ENGINES.findall(run.log())
+    return urls[-1].split(",")[0] if urls else ""
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def running_requests(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/v1/loads", timeout=5) as response:
+            loads = json.loads(response.read())
+    except (OSError, ValueError):
+        return 0
+    return sum(int(entry.get("num_running_reqs", 0)) for entry in loads.get("loads", []))
+
+
+def wait_for(run: Run, condition, deadline: float, what: str) -> None:
+    while not condition():
+        run.poll()
+        if not run.alive():
+            raise RuntimeError(f"the run ended before {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} before the deadline")
+        time.sleep(0.05)
+
+
+def inject(run: Run, fault: Fault, after: int, stop_seconds: float, deadline: float) -> tuple[float, int]:
+    """Wait for the fault's moment, inject it; (when, the last step trained before it)."""
+    wait_for(run, lambda: max(run.step_times, default=0) >= after, deadline, f"trained step {after}")
+    if fault.trigger == "generating":
+        url = engine_url(run)
+        wait_for(run, lambda: running_requests(url) > 0, deadline, "a request running on the engine")
+    elif fault.trigger == "sync":
+        seen = len(SYNC_BEGINS.findall(run.log()))
+        wait_for(run, lambda: len(SYNC_BEGINS.findall(run.log())) > seen, deadline, "a weight sync beginning")
+    pid = engine_pid(run) if fault.target == "engine" else rank_pid(run)
+    if pid is None:
+        raise RuntimeError(f"no {fault.target} process to inject into")
+    step = max(run.step_times, default=0)
+    when = time.monotonic()
+    if fault.action == "stop":
+        os.killpg(os.getpgid(pid), signal.SIGSTOP)
+        time.sleep(stop_seconds)
+        os.killpg(os.getpgid(pid), signal.SIGCONT)
+    elif fault.target == "engine":
+        os.killpg(os.getpgid(pid), signal.SIGKILL)  # the server and its schedulers, as a crash would
+    else:
+        os.kill(pid, signal.SIGKILL)
+    return when, step
+
+
+def trained_prompts(dump: Path, steps: int) -> list[str]:
+    prompts = []
+    for step in range(1, steps + 1):
+        path = dump / f"step_{step:06d}.jsonl"
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                prompts += list({sample["prompt"] if isinstance(sample["prompt"], str) else json.dumps(sample["prompt"])
+                                 for sample in json.loads(line)})  # one entry per group
+    return prompts
+
+
+def expected_prompts(data: Path, count: int) -> list[str]:
+    rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+    return [row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"]) for row in rows[:count]]
+
+
+def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_step_s: float | None) -> Row:
+    fault, row = FAULTS[name], Row(name, median_step_s=baseline_step_s)
+    run_dir = args.out / "runs" / name
+    dump = run_dir.parent / f"{name}-dump"
+    flags = [flag.replace("{run}", str(run_dir.parent / name)) for flag in fault.flags]
+    argv = [*base, "--train-mode", "sync", "--no-rollout-shuffle", "--num-rollout", str(args.steps),
+            "--save-debug-rollout-data", str(dump), *flags]
+    run = Run(run_dir, argv, {**os.environ})
+    deadline = time.monotonic() + args.timeout
+    fault_at = back_at = None
+    try:
+        if fault.trigger:
+            fault_at, row.injected_at_step = inject(run, fault, args.fault_after, args.stop_seconds, deadline)
+        url = engine_url(run)
+        down_seen = fault.action == "stop"  # a killed engine counts as back only after it was seen down
+        while run.alive() and time.monotonic() < deadline:
+            run.poll()
+            # Back: the engine answers again on its URL (restarted, or continued); the trainer, once
+            # the run has restarted from its checkpoint.
+            if fault_at is not None and back_at is None:
+                if fault.target == "rank":
+                    back_at = time.monotonic() if "restart 1 of" in run.log() else None
+                elif not down_seen:
+                    down_seen = not healthy(url)
+                elif healthy(url):
+                    back_at = time.monotonic()
+            time.sleep(0.2)
+    except RuntimeError as error:
+        row.notes.append(str(error))
+    finally:
+        run.stop()
+        run.poll()
+    log = run.log()
+    row.exit_code = run.process.returncode
+    row.steps_trained = len(run.step_times)
+    row.last_line = (log.strip().splitlines() or [""])[-1][:300]
+    restarted = "restart 1 of" in log
+    row.outcome = ("fails" if row.exit_code != 0 else
+                   "resumes from its checkpoint" if restarted else "completes")
+    times = sorted(run.step_times.items())
+    if back_at is not None:  # the first step trained once the target was back
+        after = [t for step, t in times if t > back_at]
+        row.recover_s = round(after[0] - fault_at, 2) if after else None
+    elif len(times) > 2:
+        row.median_step_s = round(statistics.median(b - a for (_, a), (_, b) in zip(times[1:], times[2:])), 2)
+    batch = int(base[base.index("--rollout-batch-size") + 1]) if "--rollout-batch-size" in base else args.batch_size
+    trained = trained_prompts(dump, args.steps)
+    expected = expected_prompts(args.data, args.steps * batch)
+    row.prompts_repeated = sum(n - 1 for n in Counter(trained).values() if n > 1)
+    row.prompts_lost = len(set(expected) - set(trained)) if row.exit_code == 0 else None
+    if row.exit_code is not None and row.exit_code < 0:
+        row.notes.append(f"killed by signal {-row.exit_code} (deadline)")
+    (args.out / f"{name}.log").write_text(log[-200_000:])
+    return row
+
+
+def table(rows: list[Row]) -> str:
+    head = "| fault | outcome | steps | prompts lost | prompts repeated | recover (s) | baseline step (s) | last line |"
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        last = r.last_line.replace("|", "\\|") if r.outcome == "fails" else ""
+        lines.append(f"| {r.fault} | {r.outcome}{' (' + '; '.join(r.notes) + ')' if r.notes else ''} | "
+                     f"{r.steps_trained} | {r.prompts_lost} | {r.prompts_repeated} | {r.recover_s} | "
+                     f"{r.median_step_s} | {last} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    own, base = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--faults", default=",".join(name for name, f in FAULTS.items() if not f.gpu_only))
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--fault-after", type=int, default=2, help="inject once this step has trained")
+    parser.add_argument("--stop-seconds", type=float, default=60.0, help="sigstop-engine: how long it stays stopped")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take, fault included")
+    parser.add_argument("--batch-size", type=int, default=32, help="the run's --rollout-batch-size when not in the flags")
+    args = parser.parse_args(own)
+    unknown = [name for name in args.faults.split(",") if name not in FAULTS]
+    if unknown:
+        parser.error(f"--faults: unknown {unknown}; choose from {', '.join(FAULTS)}")
+    if "--prompt-data" not in base:
+        parser.error("the train flags after -- must give --prompt-data (the expected prompts are read from it)")
+    args.data = Path(base[base.index("--prompt-data") + 1])
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    baseline = None
+    for name in args.faults.split(","):
+        row = run_fault(name, args, base, baseline)
+        if name == "none":
+            baseline = row.median_step_s
+        rows.append(row)
+        with open(args.out / "chaos.jsonl", "a") as handle:
+            handle.write(json.dumps(asdict(row)) + "\n")
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    (args.out / "chaos.md").write_text(table(rows) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
