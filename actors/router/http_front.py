@@ -33,6 +33,7 @@ from actors.router.anthropic_protocol import error_body as anthropic_error_body,
 from actors.router.completion import Completion, CompletionFailed, CompletionSpec, TextStream, complete, completion_text
 from actors.router.config import RouterConfig
 from actors.router.errors import RouterError
+from actors.router.front_stats import FrontStats
 from actors.router.http_json import json_response, read_json
 from actors.router.native_protocol import NativeError, NativeItem, generate_response, parse_generate
 from actors.router.openai_protocol import (
@@ -71,6 +72,7 @@ class HttpFront:
         self._runner: web.AppRunner | None = None
         self._counters: Counter[str] = Counter()
         self._created = int(time.time())
+        self.stats = FrontStats()  # loop lag and the latency the front adds (GET /front_stats)
 
     # ----- lifecycle ---------------------------------------------------------------------------
     async def start(self, router: ActorRef) -> str:
@@ -80,6 +82,7 @@ class HttpFront:
         app.router.add_get("/health", self._health)
         app.router.add_get("/get_model_info", self._model_info)
         app.router.add_get("/model_info", self._model_info)
+        app.router.add_get("/front_stats", self._front_stats)
         for prefix in ("", "/sessions/{session_id}"):
             app.router.add_post(prefix + "/generate", self._generate)
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
@@ -99,11 +102,13 @@ class HttpFront:
             raise RuntimeError(f"router: cannot serve HTTP on {host}:{port} (--router-host/--router-port): "
                                f"{error}") from error
         bound = self._runner.addresses[0][1]
+        self.stats.probe.start()
         self.url = f"http://{host}:{bound}"
         log.info("router: HTTP front on %s (OpenAI API at %s/v1)", self.url, self.url)
         return self.url
 
     async def stop(self) -> None:
+        await self.stats.probe.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -113,7 +118,7 @@ class HttpFront:
                 "router/http_errors": float(self._counters["errors"]),
                 "router/recorded_sessions": float(len(self.recorder)),
                 "router/recorded_sessions_evicted": float(self.recorder.evictions),
-                "router/stored_responses": float(len(self.responses.store))}
+                "router/stored_responses": float(len(self.responses.store))} | self.stats.metrics()
 
     # ----- middleware: API key, errors in each API's own format ---------------------------------
     @web.middleware
@@ -130,7 +135,7 @@ class HttpFront:
             return reply(401, "invalid or missing API key (Authorization: Bearer ... or x-api-key)",
                          "authentication_error", code="invalid_api_key")
         try:
-            return await handler(request)
+            return await self.stats.timed_request(lambda: handler(request))
         except web.HTTPException as error:
             if error.status < 400:
                 raise
@@ -152,6 +157,9 @@ class HttpFront:
 
     async def _model_info(self, _request: web.Request) -> web.Response:
         return json_response({"model_path": self.model.name, "tokenizer_path": self.model.name, "is_generation": True})
+
+    async def _front_stats(self, _request: web.Request) -> web.Response:
+        return json_response(self.stats.snapshot())
 
     async def _models(self, _request: web.Request) -> web.Response:
         return json_response(models_response(self.model.name, self._created))
@@ -361,7 +369,8 @@ class HttpFront:
         async def send(input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
             # No timeout: a request waits in the router while weights sync; the router bounds
             # each engine call itself.
-            return await router.ask("generate", input_ids, params, session_id=session.id, timeout=None)
+            return await self.stats.engine_call(
+                router.ask("generate", input_ids, params, session_id=session.id, timeout=None))
 
         decode = lambda ids: self.model.decode(ids, spec.skip_special_tokens)  # noqa: E731
         return await complete(send, spec, decode, self.model.context_len, on_progress)
