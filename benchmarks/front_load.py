@@ -15,6 +15,7 @@ read before and after and subtracted):
 - the latency the front adds over the engine, p50/p99 (measured inside the router: each
   request's handler time less its engine requests' time, ``GET /front_stats``);
 - the router's event-loop lag, p50/p99/max (a probe task inside the router, same endpoint);
+- the router process's CPU time per request (the front's cost, whoever else wants the cores);
 - the router's RSS growth over the run and per recorded session;
 - errors (failed turns), with the first message.
 
@@ -154,6 +155,14 @@ def _rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (/proc/PID/stat fields 14 and 15)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _get_json(url: str) -> dict[str, Any]:
     import urllib.request
 
@@ -162,7 +171,7 @@ def _get_json(url: str) -> dict[str, Any]:
 
 
 def summarize(result: LoadResult, before: dict[str, Any], after: dict[str, Any], rss: tuple[float, float],
-              sessions: int) -> dict[str, Any]:
+              sessions: int, router_cpu: float | None = None) -> dict[str, Any]:
     """The table's numbers from the client's result and the router's two /front_stats snapshots."""
     lag = buckets_of(after["loop_lag"], before["loop_lag"])
     added = buckets_of(after["front_added"], before["front_added"])
@@ -176,6 +185,8 @@ def summarize(result: LoadResult, before: dict[str, Any], after: dict[str, Any],
         "front_added_p50_ms": quantile_ms(added, 0.5), "front_added_p99_ms": quantile_ms(added, 0.99),
         "loop_lag_p50_ms": quantile_ms(lag, 0.5), "loop_lag_p99_ms": quantile_ms(lag, 0.99),
         "loop_lag_max_ms": (max(lag) + 1.0) if lag else None, "loop_lag_samples": sum(lag.values()),
+        "router_cpu_ms_per_request": (round(router_cpu * 1000 / result.requests, 2)
+                                      if router_cpu is not None and result.requests else None),
         "rss_growth_mib": round(rss[1] - rss[0], 1),
         "bytes_per_session": round((rss[1] - rss[0]) * 2**20 / sessions) if sessions else 0,
         "errors": sum(result.errors.values()), "first_error": next(iter(result.errors), None),
@@ -190,10 +201,11 @@ def print_table(label: str, row: dict[str, Any]) -> None:
 
 async def measure(router_url: str, router_pid: int, args: argparse.Namespace) -> dict[str, Any]:
     await run_load(router_url, min(8, args.sessions), 1, args.max_tokens, prefix="warmup")  # imports, pools
-    before, rss_before = _get_json(router_url + "/front_stats"), _rss_mib(router_pid)
+    before, rss_before, cpu = _get_json(router_url + "/front_stats"), _rss_mib(router_pid), _cpu_seconds(router_pid)
     result = await run_load(router_url, args.sessions, args.turns, args.max_tokens)
+    cpu = _cpu_seconds(router_pid) - cpu
     after, rss_after = _get_json(router_url + "/front_stats"), _rss_mib(router_pid)
-    return summarize(result, before, after, (rss_before, rss_after), args.sessions)
+    return summarize(result, before, after, (rss_before, rss_after), args.sessions, cpu)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=["instant", "cpu"], default="instant")
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--model-path", type=Path, default=None,
                         help="HF model dir (default: a tiny random Qwen2 with a tool-calling template)")
     parser.add_argument("--json", type=Path, default=None, help="also write the row here")
