@@ -71,7 +71,8 @@ class LoadResult:
         return len(self.latencies)
 
 
-async def run_session(client: Any, session_id: str, turns: int, max_tokens: int, result: LoadResult) -> None:
+async def run_session(client: Any, session_id: str, turns: int, max_tokens: int, result: LoadResult,
+                      stop: list[str] | None = None) -> None:
     """One agent: ``turns`` streamed chat requests, each following the last answer."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
     record = result.turns.setdefault(session_id, [])
@@ -80,7 +81,7 @@ async def run_session(client: Any, session_id: str, turns: int, max_tokens: int,
         try:
             stream = await client.chat.completions.create(
                 model="tiny", messages=messages, tools=[ADD_TOOL], max_tokens=max_tokens, stream=True,
-                extra_headers={"X-Session-Id": session_id})
+                stop=stop or None, extra_headers={"X-Session-Id": session_id})
             prompt, ids, content, calls, finish = None, [], [], {}, None
             async for chunk in stream:
                 extra = chunk.model_extra or {}
@@ -107,7 +108,8 @@ async def run_session(client: Any, session_id: str, turns: int, max_tokens: int,
                          {"role": "user", "content": QUESTIONS[(turn + 1) % len(QUESTIONS)]}]
 
 
-async def run_load(base_url: str, sessions: int, turns: int, max_tokens: int, prefix: str = "load") -> LoadResult:
+async def run_load(base_url: str, sessions: int, turns: int, max_tokens: int, prefix: str = "load",
+                   stop: list[str] | None = None) -> LoadResult:
     """``sessions`` agents at once against the front at ``base_url``; every turn's ids and timing."""
     import httpx
     import openai
@@ -118,7 +120,7 @@ async def run_load(base_url: str, sessions: int, turns: int, max_tokens: int, pr
     result = LoadResult()
     start = time.perf_counter()
     try:
-        await asyncio.gather(*(run_session(client, f"{prefix}-{k}", turns, max_tokens, result)
+        await asyncio.gather(*(run_session(client, f"{prefix}-{k}", turns, max_tokens, result, stop)
                                for k in range(sessions)))
     finally:
         result.wall = time.perf_counter() - start
@@ -202,7 +204,7 @@ def print_table(label: str, row: dict[str, Any]) -> None:
 async def measure(router_url: str, router_pid: int, args: argparse.Namespace) -> dict[str, Any]:
     await run_load(router_url, min(8, args.sessions), 1, args.max_tokens, prefix="warmup")  # imports, pools
     before, rss_before, cpu = _get_json(router_url + "/front_stats"), _rss_mib(router_pid), _cpu_seconds(router_pid)
-    result = await run_load(router_url, args.sessions, args.turns, args.max_tokens)
+    result = await run_load(router_url, args.sessions, args.turns, args.max_tokens, stop=args.stop)
     cpu = _cpu_seconds(router_pid) - cpu
     after, rss_after = _get_json(router_url + "/front_stats"), _rss_mib(router_pid)
     return summarize(result, before, after, (rss_before, rss_after), args.sessions, cpu)
@@ -216,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--model-path", type=Path, default=None,
                         help="HF model dir (default: a tiny random Qwen2 with a tool-calling template)")
+    parser.add_argument("--stop", nargs="*", default=["Observation:"],
+                        help="stop strings every request sends (ReAct agents stop at 'Observation:'; "
+                             "none: --stop with no value); they make the front search the text after every chunk")
+    parser.add_argument("--profile", type=Path, default=None, help="run the router under cProfile, stats here")
     parser.add_argument("--json", type=Path, default=None, help="also write the row here")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="front-load-"))
@@ -232,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         engine, engine_url = start_local_engine(model, work / "engine.log")
     router = None
     try:
+        profile = [] if args.profile is None else ["-m", "cProfile", "-o", str(args.profile.resolve())]
         router, router_url = _start(
-            [python, "-m", "actors.loop.cli", "router", "--engine-url", engine_url, "--model-path", str(model),
+            [python, *profile, "-m", "actors.loop.cli", "router", "--engine-url", engine_url, "--model-path", str(model),
              "--port", "0", "--max-recorded-sessions", str(args.sessions + 16), "--log-level", "warning"],
             r"router listening on (http://\S+)", work / "router.log")
         row = asyncio.run(measure(router_url, router.pid, args))
@@ -243,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             router.wait(timeout=60)
         stop_local_engine(engine)
     print_table(f"{args.engine} engine, {args.sessions} sessions x {args.turns} turns, "
-                f"max_tokens {args.max_tokens}", row)
+                f"max_tokens {args.max_tokens}, stop {args.stop}", row)
     if args.json is not None:
         args.json.write_text(json.dumps(row, indent=1) + "\n")
     return 0 if row["errors"] == 0 else 1

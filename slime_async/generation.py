@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_async.generate_output import GenerateOutput, parse_generate_output
+from slime_async.incremental_text import IncrementalText
 from slime_async.stop_strings import DecodeFn, StopSearch
 
 MAX_ABORTS = 64  # a completion aborted this often is not making progress: it fails
@@ -61,6 +62,9 @@ class Completion:
     requests: int = 0
     resumes: int = 0  # continuations after a weight-sync abort
     tokens_kept_on_abort: int = 0  # what resumption saved: tokens not generated again
+    # The text so far, for whoever streams it (the front): decoded a chunk at a time, not again
+    # from the start after every chunk. Not part of the completion's value.
+    text: IncrementalText | None = field(default=None, compare=False, repr=False)
 
     @property
     def finish_type(self) -> str:

@@ -26,7 +26,8 @@ PARTIAL = "\ufffd"  # how an incomplete UTF-8 character decodes (errors="replace
 
 
 class IncrementalText:
-    """``text(ids, k)`` is ``decode(ids[:k])`` for a list that only grows (earlier ids never change)."""
+    """``text(ids, k)`` is ``decode(ids[:k])`` for a list that only grows (earlier ids never change;
+    a list cut below the settled point is decoded whole)."""
 
     def __init__(self, decode: DecodeFn):
         self.decode = decode
@@ -36,10 +37,10 @@ class IncrementalText:
         self._window_settled = ""  # decode(ids[_window_start:settled])
 
     def text(self, ids: list[int], k: int | None = None) -> str:
-        """The text of ``ids[:k]`` (all of ``ids`` by default); ``k`` must not be below the settled point."""
+        """The text of ``ids[:k]`` (all of ``ids`` by default)."""
         k = len(ids) if k is None else k
-        if k < self.settled:
-            raise ValueError(f"IncrementalText: asked for {k} tokens, below the {self.settled} already settled")
+        if k < self.settled:  # the list was cut (at a stop string): decode what is left, whole
+            return self.decode(ids[:k])
         window = self.decode(ids[self._window_start:k])
         if not window.startswith(self._window_settled):
             return self.decode(ids[:k])  # not prefix-stable here: the whole text, exactly

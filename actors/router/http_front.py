@@ -43,9 +43,11 @@ from actors.router.openai_protocol import (
 from actors.router.recorder import SessionRecorder
 from actors.router.responses_front import ResponsesEndpoint
 from actors.router.text_model import TextModel
+from actors.router.tokenizer_thread import TokenizerThread
 from actors.router.tool_calls import parse_tool_calls
 from slime_async.actor import ActorRef, ActorStopped
 from slime_async.engine_client import EngineError, EngineHTTPError, EngineTimeout
+from slime_async.incremental_text import IncrementalText
 from slime_async.trajectory import RecordedChoice
 from slime_async.task_group import gather_or_cancel
 
@@ -73,6 +75,7 @@ class HttpFront:
         self._counters: Counter[str] = Counter()
         self._created = int(time.time())
         self.stats = FrontStats()  # loop lag and the latency the front adds (GET /front_stats)
+        self.tokenizer = TokenizerThread()  # template rendering and encoding, off the event loop
 
     # ----- lifecycle ---------------------------------------------------------------------------
     async def start(self, router: ActorRef) -> str:
@@ -109,6 +112,7 @@ class HttpFront:
 
     async def stop(self) -> None:
         await self.stats.probe.stop()
+        self.tokenizer.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -213,11 +217,8 @@ class HttpFront:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
         chat = parse_chat(await read_json(request, OpenAIError))
-        try:
-            text = self.model.render_chat(chat.messages, chat.tools, chat.template_kwargs)
-        except Exception as error:  # noqa: BLE001 - jinja raises many types for a message it cannot take
-            raise OpenAIError(f"the chat template could not render these messages: {error}", param="messages") from None
-        prompt, text_parent = self._prompt_ids(session, text, self.model.encode)
+        text, prompt, text_parent = await self._chat_prompt(session, chat.messages, chat.tools, chat.template_kwargs,
+                                                            "messages")
         specs = self._specs(prompt, chat.sampling, chat.sampling.n)
         request_id = new_id("chatcmpl")
         response: web.StreamResponse | None = None
@@ -251,7 +252,7 @@ class HttpFront:
             spec = specs[index]
             if chat.parse_tools and not final:
                 return None  # a tool call is only known whole: sent with the last chunk
-            choice = self._choice(completion, spec, chat.parse_tools, logprobs)
+            choice = self._choice(completion, spec, chat.parse_tools, logprobs, final)
             if chat.parse_tools:
                 delta: dict[str, Any] = {"content": choice.text} if choice.text else {}
                 if choice.tool_calls:
@@ -318,7 +319,7 @@ class HttpFront:
         sent = [0] * len(specs)
 
         def chunk_of(index: int, completion: Completion, final: bool) -> tuple[dict, ChoiceOut]:
-            choice = self._choice(completion, specs[index], False, sampling.logprobs)
+            choice = self._choice(completion, specs[index], False, sampling.logprobs, final)
             text = choice.text if final else self._decode(completion, specs[index])
             tokens = (sent[index], len(completion.output_ids))
             sent[index] = tokens[1]
@@ -411,21 +412,31 @@ class HttpFront:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _choice(self, completion: Completion, spec: CompletionSpec, parse_tools: bool, logprobs: bool) -> ChoiceOut:
+    def _choice(self, completion: Completion, spec: CompletionSpec, parse_tools: bool, logprobs: bool,
+                final: bool = True) -> ChoiceOut:
+        """The answer's choice; while streaming (not ``final``) only its tokens, the text is the stream's."""
+        if not final:
+            return ChoiceOut(completion, "", [], self._token_texts(completion) if logprobs else [])
         text = self._text(completion, spec)
         calls: list = []
         if parse_tools:
             content, calls = parse_tool_calls(text, self.model.tool_parser)
             text = content or ""
-        token_texts = [self.model.token_text(t) for t in completion.output_ids] if logprobs else []
-        return ChoiceOut(completion, text, calls, token_texts)
+        return ChoiceOut(completion, text, calls, self._token_texts(completion) if logprobs else [])
+
+    def _token_texts(self, completion: Completion) -> list[str]:
+        return [self.model.token_text(t) for t in completion.output_ids]
 
     def _text(self, completion: Completion, spec: CompletionSpec) -> str:
         return completion_text(completion, lambda ids: self.model.decode(ids, spec.skip_special_tokens),
                                spec.no_stop_trim)
 
     def _decode(self, completion: Completion, spec: CompletionSpec) -> str:
-        return self.model.decode(completion.output_ids, spec.skip_special_tokens)
+        """The text so far of a completion being streamed: only the tokens since the last call are
+        decoded (the completion keeps its IncrementalText)."""
+        if completion.text is None:
+            completion.text = IncrementalText(lambda ids: self.model.decode(ids, spec.skip_special_tokens))
+        return completion.text.advance(completion.output_ids)
 
     # ----- sessions and recording ------------------------------------------------------------------
     def _session(self, request: web.Request) -> _Session:
@@ -446,12 +457,29 @@ class HttpFront:
                     ) -> tuple[list[int], Any]:
         """Token ids for a text prompt: in a recorded session the longest recorded prompt +
         completion it starts with keeps its exact ids, and only the rest is tokenized."""
-        if session.recorded:
-            hit = self.recorder.text_prefix(session.id, text)
-            if hit is not None:
-                parent, chars, ids = hit
-                return ids + self.model.encode(text[chars:]), (parent, chars)
-        return encode(text), None
+        known, rest, tokenize, parent = self._split_prompt(session, text, encode)
+        return known + tokenize(rest), parent
+
+    def _split_prompt(self, session: _Session, text: str, encode: Callable[[str], list[int]]
+                      ) -> tuple[list[int], str, Callable[[str], list[int]], Any]:
+        """(ids already recorded for the start of ``text``, the rest, how to tokenize it, text parent)."""
+        hit = self.recorder.text_prefix(session.id, text) if session.recorded else None
+        if hit is None:
+            return [], text, encode, None
+        parent, chars, ids = hit
+        return ids, text[chars:], self.model.encode, (parent, chars)
+
+    async def _chat_prompt(self, session: _Session, messages: list[dict[str, Any]], tools: Any,
+                           template_kwargs: dict[str, Any] | None, param: str) -> tuple[str, list[int], Any]:
+        """(text, ids, text parent) of a chat prompt: the template renders and the tokenizer
+        encodes in the tokenizer thread, the recorded-prefix lookup runs here (the recorder is
+        the loop's)."""
+        try:
+            text = await self.tokenizer.run(self.model.render_chat, messages, tools, template_kwargs)
+        except Exception as error:  # noqa: BLE001 - jinja raises many types for a message it cannot take
+            raise OpenAIError(f"the chat template could not render these {param}: {error}", param=param) from None
+        known, rest, tokenize, parent = self._split_prompt(session, text, self.model.encode)
+        return text, known + await self.tokenizer.run(tokenize, rest), parent
 
     def _record(self, session: _Session, prompt: list[int], completions: list[Completion], text: str | None,
                 text_parent: Any) -> None:
