@@ -2,7 +2,9 @@
 
 Each session is an agent loop over Chat Completions with ``tools`` and ``stream=True``, from the
 real ``openai`` async client (one ``AsyncOpenAI`` shared by every session, its connection pool
-as large as the number of sessions, as an agent server would hold it): it asks, and when the
+as large as the number of sessions, as an agent server would hold it; no retries, so every
+failure counts) or, with ``--client aiohttp``, the same requests and server-sent events in plain
+aiohttp (the openai client's own CPU cost starves a 2-core machine at 1,000 sessions): it asks, and when the
 answer is a tool call it sends the tool's result back; otherwise the next user question. Every
 turn names its session (``X-Session-Id``), so the front records it.
 
@@ -71,60 +73,117 @@ class LoadResult:
         return len(self.latencies)
 
 
-async def run_session(client: Any, session_id: str, turns: int, max_tokens: int, result: LoadResult,
+@dataclass
+class Answer:
+    prompt_ids: list[int]
+    output_ids: list[int]
+    content: str
+    calls: list[dict[str, str]]  # {"id", "name", "arguments"}
+    finish: str | None
+
+
+async def openai_turn(client: Any, session_id: str, request: dict[str, Any]) -> Answer:
+    """One streamed chat turn through the ``openai`` client."""
+    stream = await client.chat.completions.create(**request, stream=True, extra_headers={"X-Session-Id": session_id})
+    answer, calls = Answer([], [], "", [], None), {}
+    async for chunk in stream:
+        answer.prompt_ids = (chunk.model_extra or {}).get("prompt_token_ids", answer.prompt_ids)
+        for choice in chunk.choices:
+            answer.output_ids += (choice.model_extra or {}).get("token_ids") or []
+            answer.content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                calls[call.index] = {"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
+            answer.finish = choice.finish_reason or answer.finish
+    answer.calls = list(calls.values())
+    return answer
+
+
+async def aiohttp_turn(client: Any, session_id: str, request: dict[str, Any]) -> Answer:
+    """The same turn in plain HTTP: the request body and server-sent events the ``openai`` client
+    sends and reads, parsed with orjson (a fraction of the client's CPU, so one client process can
+    keep a thousand sessions busy)."""
+    import orjson
+
+    session, url = client
+    answer, calls = Answer([], [], "", [], None), {}
+    async with session.post(url, data=orjson.dumps(request | {"stream": True}),
+                            headers={"X-Session-Id": session_id, "Content-Type": "application/json"}) as response:
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
+        async for line in response.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = orjson.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"stream error: {chunk['error']}")
+            answer.prompt_ids = chunk.get("prompt_token_ids", answer.prompt_ids)
+            for choice in chunk.get("choices", []):
+                answer.output_ids += choice.get("token_ids") or []
+                delta = choice.get("delta") or {}
+                answer.content += delta.get("content") or ""
+                for call in delta.get("tool_calls") or []:
+                    calls[call["index"]] = {"id": call["id"], "name": call["function"]["name"],
+                                            "arguments": call["function"]["arguments"]}
+                answer.finish = choice.get("finish_reason") or answer.finish
+    answer.calls = list(calls.values())
+    return answer
+
+
+async def run_session(turn_fn: Any, client: Any, session_id: str, turns: int, max_tokens: int, result: LoadResult,
                       stop: list[str] | None = None) -> None:
     """One agent: ``turns`` streamed chat requests, each following the last answer."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
     record = result.turns.setdefault(session_id, [])
     for turn in range(turns):
+        request = {"model": "tiny", "messages": messages, "tools": [ADD_TOOL], "max_tokens": max_tokens}
+        if stop:
+            request["stop"] = stop
         start = time.perf_counter()
         try:
-            stream = await client.chat.completions.create(
-                model="tiny", messages=messages, tools=[ADD_TOOL], max_tokens=max_tokens, stream=True,
-                stop=stop or None, extra_headers={"X-Session-Id": session_id})
-            prompt, ids, content, calls, finish = None, [], [], {}, None
-            async for chunk in stream:
-                extra = chunk.model_extra or {}
-                prompt = extra.get("prompt_token_ids", prompt)
-                for choice in chunk.choices:
-                    ids += (choice.model_extra or {}).get("token_ids") or []
-                    content.append(choice.delta.content or "")
-                    for call in choice.delta.tool_calls or []:
-                        calls[call.index] = call
-                    finish = choice.finish_reason or finish
+            answer = await turn_fn(client, session_id, request)
         except Exception as error:  # noqa: BLE001 - counted and reported: the goal is none
-            result.errors[f"{type(error).__name__}: {str(error)[:200]}"] += 1
+            cause = f" ({type(error.__cause__).__name__}: {error.__cause__})" if error.__cause__ else ""
+            result.errors[f"{type(error).__name__}: {str(error)[:200]}{cause[:200]}"] += 1
             return
         result.latencies.append(time.perf_counter() - start)
-        record.append(Turn(prompt or [], ids, finish))
-        if calls:
-            messages.append({"role": "assistant", "content": "".join(content) or None, "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.function.name,
-                                                              "arguments": c.function.arguments}}
-                for c in calls.values()]})
-            messages += [{"role": "tool", "tool_call_id": c.id, "content": "5"} for c in calls.values()]
+        record.append(Turn(answer.prompt_ids, answer.output_ids, answer.finish))
+        if answer.calls:
+            messages.append({"role": "assistant", "content": answer.content or None, "tool_calls": [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in answer.calls]})
+            messages += [{"role": "tool", "tool_call_id": c["id"], "content": "5"} for c in answer.calls]
         else:
-            messages += [{"role": "assistant", "content": "".join(content)},
+            messages += [{"role": "assistant", "content": answer.content},
                          {"role": "user", "content": QUESTIONS[(turn + 1) % len(QUESTIONS)]}]
 
 
 async def run_load(base_url: str, sessions: int, turns: int, max_tokens: int, prefix: str = "load",
-                   stop: list[str] | None = None) -> LoadResult:
-    """``sessions`` agents at once against the front at ``base_url``; every turn's ids and timing."""
-    import httpx
-    import openai
-
-    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
-    http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0))
-    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", http_client=http, max_retries=0)
+                   stop: list[str] | None = None, client: str = "openai") -> LoadResult:
+    """``sessions`` agents at once against the front at ``base_url``; every turn's ids and timing.
+    ``client``: ``openai`` (one AsyncOpenAI, no retries, a pool as large as ``sessions``) or
+    ``aiohttp`` (the same requests in plain HTTP)."""
     result = LoadResult()
+    if client == "openai":
+        import httpx
+        import openai
+
+        limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
+        http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0))
+        handle: Any = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", http_client=http, max_retries=0)
+        turn_fn, close = openai_turn, handle.close
+    else:
+        import aiohttp
+
+        http_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=sessions),
+                                             timeout=aiohttp.ClientTimeout(total=600))
+        handle, turn_fn, close = (http_session, base_url + "/v1/chat/completions"), aiohttp_turn, http_session.close
     start = time.perf_counter()
     try:
-        await asyncio.gather(*(run_session(client, f"{prefix}-{k}", turns, max_tokens, result, stop)
+        await asyncio.gather(*(run_session(turn_fn, handle, f"{prefix}-{k}", turns, max_tokens, result, stop)
                                for k in range(sessions)))
     finally:
         result.wall = time.perf_counter() - start
-        await client.close()
+        await close()
     return result
 
 
@@ -192,6 +251,7 @@ def summarize(result: LoadResult, before: dict[str, Any], after: dict[str, Any],
         "rss_growth_mib": round(rss[1] - rss[0], 1),
         "bytes_per_session": round((rss[1] - rss[0]) * 2**20 / sessions) if sessions else 0,
         "errors": sum(result.errors.values()), "first_error": next(iter(result.errors), None),
+        "load_average_1m": round(__import__("os").getloadavg()[0], 1),  # other work on the machine
     }
 
 
@@ -202,9 +262,9 @@ def print_table(label: str, row: dict[str, Any]) -> None:
 
 
 async def measure(router_url: str, router_pid: int, args: argparse.Namespace) -> dict[str, Any]:
-    await run_load(router_url, min(8, args.sessions), 1, args.max_tokens, prefix="warmup")  # imports, pools
+    await run_load(router_url, min(8, args.sessions), 1, args.max_tokens, prefix="warmup", client=args.client)
     before, rss_before, cpu = _get_json(router_url + "/front_stats"), _rss_mib(router_pid), _cpu_seconds(router_pid)
-    result = await run_load(router_url, args.sessions, args.turns, args.max_tokens, stop=args.stop)
+    result = await run_load(router_url, args.sessions, args.turns, args.max_tokens, stop=args.stop, client=args.client)
     cpu = _cpu_seconds(router_pid) - cpu
     after, rss_after = _get_json(router_url + "/front_stats"), _rss_mib(router_pid)
     return summarize(result, before, after, (rss_before, rss_after), args.sessions, cpu)
@@ -218,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--model-path", type=Path, default=None,
                         help="HF model dir (default: a tiny random Qwen2 with a tool-calling template)")
+    parser.add_argument("--client", choices=["openai", "aiohttp"], default="openai",
+                        help="openai: the real client; aiohttp: the same protocol for a fraction of the CPU")
     parser.add_argument("--stop", nargs="*", default=["Observation:"],
                         help="stop strings every request sends (ReAct agents stop at 'Observation:'; "
                              "none: --stop with no value); they make the front search the text after every chunk")
@@ -249,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             router.terminate()
             router.wait(timeout=60)
         stop_local_engine(engine)
-    print_table(f"{args.engine} engine, {args.sessions} sessions x {args.turns} turns, "
+    print_table(f"{args.engine} engine, {args.client} client, {args.sessions} sessions x {args.turns} turns, "
                 f"max_tokens {args.max_tokens}, stop {args.stop}", row)
     if args.json is not None:
         args.json.write_text(json.dumps(row, indent=1) + "\n")
