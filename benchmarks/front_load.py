@@ -22,6 +22,7 @@ read before and after and subtracted):
 - errors (failed turns), with the first message.
 
     python benchmarks/front_load.py --engine instant --sessions 1000 --turns 3
+    python benchmarks/front_load.py --sessions 100 --turns 2 --answer-tokens 4096 --max-tokens 4096  # long answers
     python benchmarks/front_load.py --engine cpu --sessions 200 --turns 2 --max-tokens 16
 """
 
@@ -276,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--answer-tokens", type=int, default=None,
+                        help="instant engine: final answers this many tokens long (long outputs; raise --max-tokens)")
     parser.add_argument("--model-path", type=Path, default=None,
                         help="HF model dir (default: a tiny random Qwen2 with a tool-calling template)")
     parser.add_argument("--client", choices=["openai", "aiohttp"], default="openai",
@@ -294,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         model = set_chat_template(build_tiny_model(work / "tiny", arch="qwen2", seed=0), TOOL_CHAT_TEMPLATE)
     python = sys.executable
     if args.engine == "instant":
-        engine, engine_url = _start([python, "-m", "benchmarks.instant_engine", "--model-path", str(model)],
+        long = [] if args.answer_tokens is None else ["--answer-tokens", str(args.answer_tokens)]
+        engine, engine_url = _start([python, "-m", "benchmarks.instant_engine", "--model-path", str(model), *long],
                                     r"listening on (http://\S+)", work / "engine.log")
     else:
         engine, engine_url = start_local_engine(model, work / "engine.log")

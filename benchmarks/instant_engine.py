@@ -12,7 +12,7 @@ once at start with the model's own tokenizer:
 - to one that does, a short final answer (with multi-byte characters, so decoding sees them).
 
 Chunked requests continue where the last one stopped: a request whose ``input_ids`` end with the
-first j tokens of an answer gets the tokens after them. It is stateless, so any number of
+generation prompt and the first j tokens of an answer gets the tokens after them. It is stateless, so any number of
 sessions can run through it concurrently. Answers end with ``<|im_end|>`` (finish ``stop``, the
 stop token kept in ``output_ids`` as SGLang does).
 
@@ -33,14 +33,20 @@ from aiohttp import web
 TOOL_CALL_TEXT = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
 ANSWER_TEXT = ("The tool says 2 + 3 = 5, so the answer is 5 — five, cinq, fünf ✓. "
                "Ask me for another sum whenever you like.<|im_end|>")
-TOOL_RESULT_END = "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+TOOL_RESULT_END = "</tool_response><|im_end|>\n" + GENERATION_PROMPT
 
 
 class InstantEngine:
-    def __init__(self, tokenizer: Any, weight_version: str = "0"):
+    def __init__(self, tokenizer: Any, weight_version: str = "0", answer_tokens: int | None = None):
+        """``answer_tokens``: make the final answer that long (its text repeated), for long outputs."""
         encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
         self.tool_call, self.answer = encode(TOOL_CALL_TEXT), encode(ANSWER_TEXT)
+        if answer_tokens is not None:
+            body = self.answer[:-1]
+            self.answer = (body * (answer_tokens // len(body) + 1))[:answer_tokens - 1] + self.answer[-1:]
         self.after_tool = encode(TOOL_RESULT_END)
+        self.generation_prompt = encode(GENERATION_PROMPT)
         self.weight_version = weight_version
         self.requests = 0
         self._runner: web.AppRunner | None = None
@@ -83,11 +89,14 @@ class InstantEngine:
             "e2e_latency": time.monotonic() - started, "output_token_logprobs": logprobs}}
 
     def _continuation(self, input_ids: list[int]) -> tuple[list[int], int]:
-        """(the answer, how many of its tokens ``input_ids`` already ends with)."""
+        """(the answer, how many of its tokens ``input_ids`` already ends with): what follows the
+        last generation prompt, when it is the start of an answer, else a new answer."""
+        prompt, n = self.generation_prompt, len(self.generation_prompt)
+        start = next((i + n for i in range(len(input_ids) - n, -1, -1) if input_ids[i:i + n] == prompt), len(input_ids))
+        done = len(input_ids) - start
         for answer in (self.tool_call, self.answer):
-            for done in range(min(len(answer) - 1, len(input_ids)), 0, -1):
-                if input_ids[-done:] == answer[:done]:
-                    return answer, done
+            if 0 < done < len(answer) and input_ids[start:] == answer[:done]:
+                return answer, done
         tail = self.after_tool
         return (self.answer if input_ids[-len(tail):] == tail else self.tool_call), 0
 
@@ -122,10 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-path", type=Path, required=True, help="HF directory whose tokenizer to use")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--answer-tokens", type=int, default=None, help="final answers this long (long outputs)")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
-    engine = InstantEngine(AutoTokenizer.from_pretrained(str(args.model_path)))
+    engine = InstantEngine(AutoTokenizer.from_pretrained(str(args.model_path)), answer_tokens=args.answer_tokens)
 
     async def serve() -> None:
         print(f"engine listening on {await engine.start(args.host, args.port)}", flush=True)
