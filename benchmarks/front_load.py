@@ -241,6 +241,7 @@ def summarize(result: LoadResult, before: dict[str, Any], after: dict[str, Any],
     pick = (lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000) if latencies else None
     return {
         "sessions": sessions, "requests": result.requests,
+        "output_tokens": sum(len(t.output_ids) for turns in result.turns.values() for t in turns),
         "tool_call_turns": sum(t.finish == "tool_calls" for turns in result.turns.values() for t in turns), "wall_s": round(result.wall, 2),
         "requests_per_s": round(result.requests / result.wall, 1) if result.wall else 0.0,
         "client_p50_ms": pick and round(pick(0.5), 1), "client_p99_ms": pick and round(pick(0.99), 1),
@@ -286,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop", nargs="*", default=["Observation:"],
                         help="stop strings every request sends (ReAct agents stop at 'Observation:'; "
                              "none: --stop with no value); they make the front search the text after every chunk")
+    parser.add_argument("--chunk-tokens", type=int, default=None, help="the router's --chunk-tokens (default its own)")
     parser.add_argument("--profile", type=Path, default=None, help="run the router under cProfile, stats here")
     parser.add_argument("--json", type=Path, default=None, help="also write the row here")
     args = parser.parse_args(argv)
@@ -294,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     if model is None:
         from examples.models.tiny import TOOL_CHAT_TEMPLATE, build_tiny_model, set_chat_template
 
-        model = set_chat_template(build_tiny_model(work / "tiny", arch="qwen2", seed=0), TOOL_CHAT_TEMPLATE)
+        # a long context, so long answers are not cut by the context end (the instant engine does not care)
+        model = set_chat_template(build_tiny_model(work / "tiny", arch="qwen2", seed=0, max_position_embeddings=32768),
+                                  TOOL_CHAT_TEMPLATE)
     python = sys.executable
     if args.engine == "instant":
         long = [] if args.answer_tokens is None else ["--answer-tokens", str(args.answer_tokens)]
@@ -307,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         profile = [] if args.profile is None else ["-m", "cProfile", "-o", str(args.profile.resolve())]
         router, router_url = _start(
             [python, *profile, "-m", "actors.loop.cli", "router", "--engine-url", engine_url, "--model-path", str(model),
-             "--port", "0", "--max-recorded-sessions", str(args.sessions + 16), "--log-level", "warning"],
+             "--port", "0", "--max-recorded-sessions", str(args.sessions + 16), "--log-level", "warning",
+             *([] if args.chunk_tokens is None else ["--chunk-tokens", str(args.chunk_tokens)])],
             r"router listening on (http://\S+)", work / "router.log")
         row = asyncio.run(measure(router_url, router.pid, args))
     finally:
@@ -316,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             router.wait(timeout=60)
         stop_local_engine(engine)
     print_table(f"{args.engine} engine, {args.client} client, {args.sessions} sessions x {args.turns} turns, "
-                f"max_tokens {args.max_tokens}, stop {args.stop}", row)
+                f"max_tokens {args.max_tokens}, stop {args.stop}, chunk_tokens {args.chunk_tokens or 'default'}", row)
     if args.json is not None:
         args.json.write_text(json.dumps(row, indent=1) + "\n")
     return 0 if row["errors"] == 0 else 1
