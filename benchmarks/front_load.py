@@ -23,6 +23,7 @@ read before and after and subtracted):
 
     python benchmarks/front_load.py --engine instant --sessions 1000 --turns 3
     python benchmarks/front_load.py --sessions 100 --turns 2 --answer-tokens 4096 --max-tokens 4096  # long answers
+    python benchmarks/front_load.py --engine-url http://127.0.0.1:30000 --model-path /models/Qwen2.5-0.5B-Instruct
     python benchmarks/front_load.py --engine cpu --sessions 200 --turns 2 --max-tokens 16
 """
 
@@ -275,6 +276,8 @@ async def measure(router_url: str, router_pid: int, args: argparse.Namespace) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=["instant", "cpu"], default="instant")
+    parser.add_argument("--engine-url", default=None,
+                        help="an engine already running (e.g. SGLang with --skip-tokenizer-init); needs --model-path")
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -291,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, default=None, help="run the router under cProfile, stats here")
     parser.add_argument("--json", type=Path, default=None, help="also write the row here")
     args = parser.parse_args(argv)
+    if args.engine_url is not None and args.model_path is None:
+        parser.error("--engine-url needs --model-path (the tokenizer and chat template the engine's model uses)")
     work = Path(tempfile.mkdtemp(prefix="front-load-"))
     model = args.model_path
     if model is None:
@@ -300,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         model = set_chat_template(build_tiny_model(work / "tiny", arch="qwen2", seed=0, max_position_embeddings=32768),
                                   TOOL_CHAT_TEMPLATE)
     python = sys.executable
-    if args.engine == "instant":
+    if args.engine_url is not None:  # already running (SGLang on a GPU): neither started nor stopped here
+        engine, engine_url = None, args.engine_url
+    elif args.engine == "instant":
         long = [] if args.answer_tokens is None else ["--answer-tokens", str(args.answer_tokens)]
         engine, engine_url = _start([python, "-m", "benchmarks.instant_engine", "--model-path", str(model), *long],
                                     r"listening on (http://\S+)", work / "engine.log")
@@ -319,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         if router is not None:
             router.terminate()
             router.wait(timeout=60)
-        stop_local_engine(engine)
-    print_table(f"{args.engine} engine, {args.client} client, {args.sessions} sessions x {args.turns} turns, "
+        if engine is not None:
+            stop_local_engine(engine)
+    print_table(f"{args.engine_url or args.engine} engine, {args.client} client, {args.sessions} sessions x {args.turns} turns, "
                 f"max_tokens {args.max_tokens}, stop {args.stop}, chunk_tokens {args.chunk_tokens or 'default'}", row)
     if args.json is not None:
         args.json.write_text(json.dumps(row, indent=1) + "\n")
