@@ -5,7 +5,8 @@ while the loop goes on), and jinja rendering is Python, which the interpreter in
 the loop every switch interval (5 ms); more threads would only make the loop wait longer for the
 GIL. A process pool would also free the loop from decoding (which holds the GIL), at the price
 of shipping every prompt to another process; decoding is kept small instead (only new tokens,
-slime_async/incremental_text.py). Measured in docs/agents.md ("The front under load").
+slime_async/incremental_text.py). Measured by benchmarks/tokenizer_gil.py; docs/agents.md ("The
+front under load").
 """
 
 from __future__ import annotations
