@@ -6,7 +6,9 @@ router's HTTP front (actors/router/http_front.py). It owns:
 - the budget (``max_new_tokens``; None: until the context ends) and the context end;
 - text stop strings: engines only know stop token ids, so with ``stop`` (or a streaming client)
   the completion is asked for ``chunk_tokens`` at a time and after each chunk the decoded text is
-  searched (`slime_async.stop_strings.find_stop`); at a match the tokens are cut after the one
+  searched (`slime_async.stop_strings.StopSearch`: only the new tokens are decoded and only the
+  text they can have changed is searched, so a long completion costs no more per chunk than a
+  short one); at a match the tokens are cut after the one
   that completes the stop string. A stop costs at most one chunk of extra decoding, on any engine.
   Each continuation resubmits prompt + tokens so far, which the engine's prefix cache serves;
 - resume after a weight-sync abort: the request returns with finish_reason abort and its tokens
@@ -29,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_async.generate_output import GenerateOutput, parse_generate_output
-from slime_async.stop_strings import DecodeFn, find_stop
+from slime_async.incremental_text import IncrementalText
+from slime_async.stop_strings import DecodeFn, StopSearch
 
 MAX_ABORTS = 64  # a completion aborted this often is not making progress: it fails
 
@@ -59,6 +62,9 @@ class Completion:
     requests: int = 0
     resumes: int = 0  # continuations after a weight-sync abort
     tokens_kept_on_abort: int = 0  # what resumption saved: tokens not generated again
+    # The text so far, for whoever streams it (the front): decoded a chunk at a time, not again
+    # from the start after every chunk. Not part of the completion's value.
+    text: IncrementalText | None = field(default=None, compare=False, repr=False)
 
     @property
     def finish_type(self) -> str:
@@ -85,6 +91,7 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
     if spec.stop and decode is None:
         raise GenerationFailed("text stop strings need a tokenizer to match them")
     out = Completion() if out is None else out
+    search = StopSearch(decode, spec.stop) if spec.stop else None
     while True:
         produced = len(out.output_ids)
         remaining = None if spec.max_new_tokens is None else spec.max_new_tokens - produced
@@ -107,8 +114,8 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
         out.output_ids += parsed.output_ids
         out.logprobs += parsed.logprobs
         out.weight_versions += token_versions(parsed)
-        if spec.stop and parsed.output_ids:
-            hit = find_stop(out.output_ids, decode, spec.stop, first=produced)
+        if search is not None and parsed.output_ids:
+            hit = search.feed(out.output_ids, first=produced)
             if hit is not None:
                 cut, matched = hit
                 del out.output_ids[cut:], out.logprobs[cut:], out.weight_versions[cut:]

@@ -35,8 +35,7 @@ class MessagesEndpoint:
         front = self.front
         session = front._session(request)
         parsed = parse_messages(await read_json(request, OpenAIError))
-        text = self._render(parsed)
-        prompt, text_parent = front._prompt_ids(session, text, front.model.encode)
+        text, prompt, text_parent = await front._chat_prompt(session, parsed.messages, parsed.tools, None, "messages")
         [spec] = front._specs(prompt, parsed.sampling, 1)
         # tool_choice any / tool (the chat path's required / named function) is rendered and
         # parsed as auto: nothing forces the call (see docs/agents.md).
@@ -59,7 +58,8 @@ class MessagesEndpoint:
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         parsed = parse_messages(await read_json(request, OpenAIError), count_only=True)
-        return json_response({"input_tokens": len(self.front.model.encode(self._render(parsed)))})
+        count = await self.front.tokenizer.run(lambda: len(self.front.model.encode(self._render(parsed))))
+        return json_response({"input_tokens": count})
 
     def _render(self, parsed: MessagesRequest) -> str:
         try:

@@ -33,6 +33,7 @@ from actors.router.anthropic_protocol import error_body as anthropic_error_body,
 from actors.router.completion import Completion, CompletionFailed, CompletionSpec, TextStream, complete, completion_text
 from actors.router.config import RouterConfig
 from actors.router.errors import RouterError
+from actors.router.front_stats import FrontStats
 from actors.router.http_json import json_response, read_json
 from actors.router.native_protocol import NativeError, NativeItem, generate_response, parse_generate
 from actors.router.openai_protocol import (
@@ -42,9 +43,11 @@ from actors.router.openai_protocol import (
 from actors.router.recorder import SessionRecorder
 from actors.router.responses_front import ResponsesEndpoint
 from actors.router.text_model import TextModel
+from actors.router.tokenizer_thread import TokenizerThread
 from actors.router.tool_calls import parse_tool_calls
 from slime_async.actor import ActorRef, ActorStopped
 from slime_async.engine_client import EngineError, EngineHTTPError, EngineTimeout
+from slime_async.incremental_text import IncrementalText
 from slime_async.trajectory import RecordedChoice
 from slime_async.task_group import gather_or_cancel
 
@@ -71,6 +74,8 @@ class HttpFront:
         self._runner: web.AppRunner | None = None
         self._counters: Counter[str] = Counter()
         self._created = int(time.time())
+        self.stats = FrontStats()  # loop lag and the latency the front adds (GET /front_stats)
+        self.tokenizer = TokenizerThread()  # template rendering and encoding, off the event loop
 
     # ----- lifecycle ---------------------------------------------------------------------------
     async def start(self, router: ActorRef) -> str:
@@ -80,6 +85,7 @@ class HttpFront:
         app.router.add_get("/health", self._health)
         app.router.add_get("/get_model_info", self._model_info)
         app.router.add_get("/model_info", self._model_info)
+        app.router.add_get("/front_stats", self._front_stats)
         for prefix in ("", "/sessions/{session_id}"):
             app.router.add_post(prefix + "/generate", self._generate)
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
@@ -99,11 +105,14 @@ class HttpFront:
             raise RuntimeError(f"router: cannot serve HTTP on {host}:{port} (--router-host/--router-port): "
                                f"{error}") from error
         bound = self._runner.addresses[0][1]
+        self.stats.probe.start()
         self.url = f"http://{host}:{bound}"
         log.info("router: HTTP front on %s (OpenAI API at %s/v1)", self.url, self.url)
         return self.url
 
     async def stop(self) -> None:
+        await self.stats.probe.stop()
+        self.tokenizer.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -113,7 +122,7 @@ class HttpFront:
                 "router/http_errors": float(self._counters["errors"]),
                 "router/recorded_sessions": float(len(self.recorder)),
                 "router/recorded_sessions_evicted": float(self.recorder.evictions),
-                "router/stored_responses": float(len(self.responses.store))}
+                "router/stored_responses": float(len(self.responses.store))} | self.stats.metrics()
 
     # ----- middleware: API key, errors in each API's own format ---------------------------------
     @web.middleware
@@ -130,7 +139,7 @@ class HttpFront:
             return reply(401, "invalid or missing API key (Authorization: Bearer ... or x-api-key)",
                          "authentication_error", code="invalid_api_key")
         try:
-            return await handler(request)
+            return await self.stats.timed_request(lambda: handler(request))
         except web.HTTPException as error:
             if error.status < 400:
                 raise
@@ -152,6 +161,9 @@ class HttpFront:
 
     async def _model_info(self, _request: web.Request) -> web.Response:
         return json_response({"model_path": self.model.name, "tokenizer_path": self.model.name, "is_generation": True})
+
+    async def _front_stats(self, _request: web.Request) -> web.Response:
+        return json_response(self.stats.snapshot())
 
     async def _models(self, _request: web.Request) -> web.Response:
         return json_response(models_response(self.model.name, self._created))
@@ -205,11 +217,8 @@ class HttpFront:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
         chat = parse_chat(await read_json(request, OpenAIError))
-        try:
-            text = self.model.render_chat(chat.messages, chat.tools, chat.template_kwargs)
-        except Exception as error:  # noqa: BLE001 - jinja raises many types for a message it cannot take
-            raise OpenAIError(f"the chat template could not render these messages: {error}", param="messages") from None
-        prompt, text_parent = self._prompt_ids(session, text, self.model.encode)
+        text, prompt, text_parent = await self._chat_prompt(session, chat.messages, chat.tools, chat.template_kwargs,
+                                                            "messages")
         specs = self._specs(prompt, chat.sampling, chat.sampling.n)
         request_id = new_id("chatcmpl")
         response: web.StreamResponse | None = None
@@ -243,7 +252,7 @@ class HttpFront:
             spec = specs[index]
             if chat.parse_tools and not final:
                 return None  # a tool call is only known whole: sent with the last chunk
-            choice = self._choice(completion, spec, chat.parse_tools, logprobs)
+            choice = self._choice(completion, spec, chat.parse_tools, logprobs, final)
             if chat.parse_tools:
                 delta: dict[str, Any] = {"content": choice.text} if choice.text else {}
                 if choice.tool_calls:
@@ -310,7 +319,7 @@ class HttpFront:
         sent = [0] * len(specs)
 
         def chunk_of(index: int, completion: Completion, final: bool) -> tuple[dict, ChoiceOut]:
-            choice = self._choice(completion, specs[index], False, sampling.logprobs)
+            choice = self._choice(completion, specs[index], False, sampling.logprobs, final)
             text = choice.text if final else self._decode(completion, specs[index])
             tokens = (sent[index], len(completion.output_ids))
             sent[index] = tokens[1]
@@ -361,7 +370,8 @@ class HttpFront:
         async def send(input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
             # No timeout: a request waits in the router while weights sync; the router bounds
             # each engine call itself.
-            return await router.ask("generate", input_ids, params, session_id=session.id, timeout=None)
+            return await self.stats.engine_call(
+                router.ask("generate", input_ids, params, session_id=session.id, timeout=None))
 
         decode = lambda ids: self.model.decode(ids, spec.skip_special_tokens)  # noqa: E731
         return await complete(send, spec, decode, self.model.context_len, on_progress)
@@ -402,21 +412,31 @@ class HttpFront:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _choice(self, completion: Completion, spec: CompletionSpec, parse_tools: bool, logprobs: bool) -> ChoiceOut:
+    def _choice(self, completion: Completion, spec: CompletionSpec, parse_tools: bool, logprobs: bool,
+                final: bool = True) -> ChoiceOut:
+        """The answer's choice; while streaming (not ``final``) only its tokens, the text is the stream's."""
+        if not final:
+            return ChoiceOut(completion, "", [], self._token_texts(completion) if logprobs else [])
         text = self._text(completion, spec)
         calls: list = []
         if parse_tools:
             content, calls = parse_tool_calls(text, self.model.tool_parser)
             text = content or ""
-        token_texts = [self.model.token_text(t) for t in completion.output_ids] if logprobs else []
-        return ChoiceOut(completion, text, calls, token_texts)
+        return ChoiceOut(completion, text, calls, self._token_texts(completion) if logprobs else [])
+
+    def _token_texts(self, completion: Completion) -> list[str]:
+        return [self.model.token_text(t) for t in completion.output_ids]
 
     def _text(self, completion: Completion, spec: CompletionSpec) -> str:
         return completion_text(completion, lambda ids: self.model.decode(ids, spec.skip_special_tokens),
                                spec.no_stop_trim)
 
     def _decode(self, completion: Completion, spec: CompletionSpec) -> str:
-        return self.model.decode(completion.output_ids, spec.skip_special_tokens)
+        """The text so far of a completion being streamed: only the tokens since the last call are
+        decoded (the completion keeps its IncrementalText)."""
+        if completion.text is None:
+            completion.text = IncrementalText(lambda ids: self.model.decode(ids, spec.skip_special_tokens))
+        return completion.text.advance(completion.output_ids)
 
     # ----- sessions and recording ------------------------------------------------------------------
     def _session(self, request: web.Request) -> _Session:
@@ -437,12 +457,29 @@ class HttpFront:
                     ) -> tuple[list[int], Any]:
         """Token ids for a text prompt: in a recorded session the longest recorded prompt +
         completion it starts with keeps its exact ids, and only the rest is tokenized."""
-        if session.recorded:
-            hit = self.recorder.text_prefix(session.id, text)
-            if hit is not None:
-                parent, chars, ids = hit
-                return ids + self.model.encode(text[chars:]), (parent, chars)
-        return encode(text), None
+        known, rest, tokenize, parent = self._split_prompt(session, text, encode)
+        return known + tokenize(rest), parent
+
+    def _split_prompt(self, session: _Session, text: str, encode: Callable[[str], list[int]]
+                      ) -> tuple[list[int], str, Callable[[str], list[int]], Any]:
+        """(ids already recorded for the start of ``text``, the rest, how to tokenize it, text parent)."""
+        hit = self.recorder.text_prefix(session.id, text) if session.recorded else None
+        if hit is None:
+            return [], text, encode, None
+        parent, chars, ids = hit
+        return ids, text[chars:], self.model.encode, (parent, chars)
+
+    async def _chat_prompt(self, session: _Session, messages: list[dict[str, Any]], tools: Any,
+                           template_kwargs: dict[str, Any] | None, param: str) -> tuple[str, list[int], Any]:
+        """(text, ids, text parent) of a chat prompt: the template renders and the tokenizer
+        encodes in the tokenizer thread, the recorded-prefix lookup runs here (the recorder is
+        the loop's)."""
+        try:
+            text = await self.tokenizer.run(self.model.render_chat, messages, tools, template_kwargs)
+        except Exception as error:  # noqa: BLE001 - jinja raises many types for a message it cannot take
+            raise OpenAIError(f"the chat template could not render these {param}: {error}", param=param) from None
+        known, rest, tokenize, parent = self._split_prompt(session, text, self.model.encode)
+        return text, known + await self.tokenizer.run(tokenize, rest), parent
 
     def _record(self, session: _Session, prompt: list[int], completions: list[Completion], text: str | None,
                 text_parent: Any) -> None:

@@ -59,11 +59,8 @@ class ResponsesEndpoint:
         parsed = parse_responses(await read_json(request, OpenAIError))
         parent = self._parent(parsed, session)
         messages = chat_messages(parsed.instructions, (parent.conversation() if parent else []) + parsed.items)
-        try:
-            text = front.model.render_chat(messages, parsed.chat_tools, parsed.template_kwargs)
-        except Exception as error:  # noqa: BLE001 - jinja raises many types for a conversation it cannot take
-            raise OpenAIError(f"the chat template could not render this conversation: {error}", param="input") from None
-        prompt, text_parent = front._prompt_ids(session, text, front.model.encode)
+        text, prompt, text_parent = await front._chat_prompt(session, messages, parsed.chat_tools,
+                                                             parsed.template_kwargs, "input")
         [spec] = front._specs(prompt, parsed.sampling, 1)
         turn = _Turn(session, parsed, parent, new_response_id(), time.time(), prompt, text, text_parent, spec)
         try:
