@@ -40,6 +40,10 @@ from slime_async.sample import Status
 MODEL_APIS = ("chat_completions", "responses")
 INSTRUCTIONS = "Use run_python to compute."  # the SDK sends it as the system (or instructions) turn
 FINAL_OUTPUT = "final_output"  # sample.metadata key: the agent's final answer (what reward grades)
+# The front is local, but on a loaded machine its event loop (shared with the rollout) can take
+# longer than openai's 5 s connect timeout to accept: measured at load ~45, the step-0 evaluation
+# failed with APITimeoutError. Waiting for the local front is right; the read limit stays 600 s.
+CLIENT_TIMEOUT = openai.Timeout(600.0, connect=120.0)
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,7 @@ async def generate(ctx: Any, sample: Any, sampling_params: dict[str, Any]) -> li
     episode = Episode(settings.agent)
     final_output, turns, incomplete = None, settings.agent.max_tool_calls + 1, None
     async with openai.AsyncOpenAI(base_url=ctx.openai_base_url(sample), api_key=ctx.router_api_key or "unused",
-                                  max_retries=0) as client:
+                                  max_retries=0, timeout=CLIENT_TIMEOUT) as client:
         agent = build_agent(sdk_model(settings.model_api, client), model_settings)
         try:
             result = await Runner.run(agent, sample.prompt, context=episode,
