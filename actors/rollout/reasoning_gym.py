@@ -14,6 +14,9 @@ response. Here:
 - ``ReasoningGymReward`` rebuilds the generator from the row's ``dataset`` and ``config``
   (cached per generator), takes the answer with reasoning-gym's own ``extract_answer`` (the last
   ``<answer>...</answer>``) and returns the generator's ``score_answer`` on the row's entry.
+  Many scorers give partial credit (``spell_backward``: per matching leading letter), so
+  ``exact_match`` (the extracted answer equals the entry's answer) is logged beside the reward
+  as ``rollout/exact_match`` and ``eval/exact_match``.
 """
 
 from __future__ import annotations
@@ -94,6 +97,15 @@ class ReasoningGymReward:
                              "dataset, config and entry (write the data with slime-async prepare-reasoning-gym)")
         generator = self._generator(task["dataset"], task["config"])
         return float(generator.score_answer(answer=extract_answer(response), entry=task["entry"]))
+
+    @staticmethod
+    def exact_match(response: str, metadata: dict[str, Any]) -> bool:
+        """Whether the response's answer (``extract_answer``, stripped) is the entry's answer exactly."""
+        from reasoning_gym.utils import extract_answer
+
+        answer = extract_answer(response)
+        entry = metadata[METADATA_KEY]["entry"]  # score() has checked the row's shape
+        return answer is not None and answer.strip() == str(entry["answer"]).strip()
 
     def _generator(self, name: str, config: dict[str, Any]) -> Any:
         key = json.dumps([name, config], sort_keys=True)

@@ -85,8 +85,12 @@ class RewardScorer:
             return await self.runner.call(self._custom, self.ctx, sample, timeout=self.config.reward_timeout)
         text = sample.response or self.ctx.tokenizer.decode(sample.response_tokens, skip_special_tokens=True)
         if self._reasoning_gym is not None:
-            return await self.runner.call(self._reasoning_gym.score, text, sample.metadata,
-                                          timeout=self.config.reward_timeout)
+            score = await self.runner.call(self._reasoning_gym.score, text, sample.metadata,
+                                           timeout=self.config.reward_timeout)
+            # Beside a partial-credit score, the exact-match rate (rollout/ and eval/exact_match).
+            exact = float(self._reasoning_gym.exact_match(text, sample.metadata))
+            sample.metadata["metrics"] = {**(sample.metadata.get("metrics") or {}), "exact_match": exact}
+            return score
         builtin = BUILTIN_REWARDS[self.config.rm_type]
         return await self.runner.call(builtin, text, sample.label, timeout=self.config.reward_timeout)
 

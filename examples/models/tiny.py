@@ -297,10 +297,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--" + field.replace("_", "-"), type=int, default=value)
     parser.add_argument("--tie-word-embeddings", action="store_true")
     parser.add_argument("--corpus", type=Path, help="train the tokenizer on this text file's lines instead of the built-in corpus")
+    parser.add_argument("--no-merges", action="store_true",
+                        help="learn no BPE merges: every character is one token, as every digit is (for a task "
+                             "that works letter by letter, e.g. spelling a word backward)")
     parser.add_argument("--chat-template", choices=tuple(CHAT_TEMPLATES), default="plain",
                         help="plain: ChatML turns; tools: also tools and hermes <tool_call> blocks (for the router front)")
     args = parser.parse_args(argv)
     corpus = None
+    if args.no_merges and args.corpus is not None:
+        parser.error("--no-merges and --corpus exclude each other (--no-merges trains on no text)")
+    if args.no_merges:
+        corpus = []  # nothing to count pairs in: the vocabulary is the 256 bytes and the special tokens
     if args.corpus is not None:
         try:
             corpus = args.corpus.read_text().splitlines()

@@ -25,6 +25,7 @@ def test_a_run_on_reasoning_gym_rows_trains_on_the_generators_scores(tmp_path):
     steps = [m for m in result["metrics"] if "train/update_successful" in m]
     assert len(steps) == STEPS and all(m["train/update_successful"] == 1.0 for m in steps)
     assert steps[-1].get("rollout/reward_errors", 0) == 0
+    assert 0.0 <= steps[-1]["rollout/exact_match"] <= 1.0  # logged beside the partial-credit reward
     samples = result["samples"]
     assert samples and all(s["status"] != "failed" and 0.0 <= s["reward"] <= 1.0 for s in samples)
     assert all(s["metadata"]["reasoning_gym"]["dataset"] == "spell_backward" for s in samples)

@@ -136,6 +136,24 @@ def test_corpus_option_trains_the_tokenizer_on_the_given_text(tmp_path):
     assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
 
 
+def test_no_merges_makes_every_character_one_token(tmp_path):
+    assert main(["--out", str(tmp_path / "m"), "--no-merges", "--vocab-size", "300"]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "m")
+    text = "Spell this word backward: neon <answer>noen</answer>"
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) == len(text)  # one token per (ASCII) character: letters reverse token by token
+    assert tokenizer.decode(ids) == text
+
+
+def test_no_merges_with_a_corpus_is_one_line_naming_both_flags(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path / "m"), "--no-merges", "--corpus", str(corpus)])
+    assert exit_info.value.code == 2
+    assert "--no-merges and --corpus" in capsys.readouterr().err
+
+
 def test_unreadable_corpus_is_one_line_naming_the_flag(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--out", str(tmp_path / "m"), "--corpus", str(tmp_path / "missing.txt")])

@@ -19,7 +19,7 @@ from examples.agentic.agents_sdk.make_task import sdk_conversation, sdk_tools  #
 from examples.agentic.code_interpreter import task  # noqa: E402
 from examples.agentic.openai_agent.make_task import cut_episode  # noqa: E402
 from slime_async.engine_client import EngineClient  # noqa: E402
-from slime_async.sample import Sample  # noqa: E402
+from slime_async.sample import Sample, Status  # noqa: E402
 
 PROBLEM = task.Problem("583*81-203", 47020)
 PARAMS = {"max_new_tokens": 400, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
@@ -29,9 +29,9 @@ def ids_of(model, text: str) -> list[int]:
     return model.encode(text) + [model.tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
-def context(router, model, url: str, tmp_path, model_api: str) -> GenerateContext:
+def context(router, model, url: str, tmp_path, model_api: str, turn_tokens: int = 200) -> GenerateContext:
     settings = tmp_path / "agent.yaml"
-    settings.write_text(f"model_api: {model_api}\nmax_tool_calls: 2\nturn_tokens: 200\n")
+    settings.write_text(f"model_api: {model_api}\nmax_tool_calls: 2\nturn_tokens: {turn_tokens}\n")
     return GenerateContext(router, model.tokenizer, config=SimpleNamespace(custom_config_path=str(settings)),
                            router_url=url)
 
@@ -92,3 +92,21 @@ async def test_the_sdk_agents_turn_carries_the_real_engines_tokens_and_logprobs(
     assert piece.loss_mask == [1] * len(entries)
     assert piece.rollout_logprobs == pytest.approx([e[0] for e in entries], abs=1e-5)
     assert piece.metadata["tool_calls"] == [] and piece.metadata["metrics"]["turns"] == 1
+
+
+async def test_a_responses_turn_cut_by_its_budget_is_a_truncated_sample_with_its_tokens(
+        scripted_engine, start_front, text_model, tmp_path):
+    # The SDK raises ModelBehaviorError on an "incomplete" response; the hook keeps the episode.
+    prompt, segments = cut_episode(text_model.tokenizer, sdk_conversation(PROBLEM), sdk_tools("responses"))
+    call = next(s["text"] for s in segments if s["train"]).removesuffix("<|im_end|>")
+    scripted_engine.script = [ids_of(text_model, call)]
+    router, url = await start_front([scripted_engine.url], text_model)
+    ctx = context(router, text_model, url, tmp_path, "responses", turn_tokens=5)
+
+    [piece] = await agent.generate(ctx, sample(), PARAMS)
+
+    assert piece.status is Status.TRUNCATED
+    assert piece.tokens[piece.prompt_length:] == scripted_engine.script[0][:5]  # the cut turn's tokens train
+    assert piece.loss_mask == [1] * 5
+    assert piece.metadata["final_output"] is None and await agent.reward(ctx, piece) == 0.0
+    assert piece.metadata["metrics"] == {"tool_calls": 0, "tool_errors": 0, "turns": 1, "incomplete": 1.0}

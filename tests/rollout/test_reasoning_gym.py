@@ -42,14 +42,14 @@ def test_a_row_carries_the_question_the_tagged_answer_and_the_entry():
     assert row["metadata"]["reasoning_gym"]["config"] == {**CHAIN_SUM, "size": 1, "seed": 1}
 
 
-@pytest.mark.parametrize("response, reward", [
-    ("so <answer>-4</answer>", 1.0),              # the oracle answer
-    ("<answer>5</answer>", 0.0),                   # wrong
-    ("<answer>x-4</answer>", 2 / 3),               # contains the oracle: len("-4") / len("x-4")
-    ("-4", 0.0),                                   # no tag: nothing extracted
-    ("<answer>1</answer> then <answer>-4</answer>", 1.0),  # the last tag counts
+@pytest.mark.parametrize("response, reward, exact", [
+    ("so <answer>-4</answer>", 1.0, 1.0),              # the oracle answer
+    ("<answer>5</answer>", 0.0, 0.0),                   # wrong
+    ("<answer>x-4</answer>", 2 / 3, 0.0),               # contains the oracle: len("-4") / len("x-4"), not exact
+    ("-4", 0.0, 0.0),                                   # no tag: nothing extracted
+    ("<answer>1</answer> then <answer>-4</answer>", 1.0, 1.0),  # the last tag counts
 ])
-def test_the_reward_is_the_generators_own_score(response, reward):
+def test_the_reward_is_the_generators_own_score_and_exact_match_is_logged_beside_it(response, reward, exact):
     scorer = RewardScorer(RolloutConfig(rm_type="reasoning_gym"), Ctx())
     sample = Sample(group_index=0, index=0, prompt="p", tokens=[1, 2], response_length=1, loss_mask=[1],
                     rollout_logprobs=[0.0], token_versions=[0], status=Status.COMPLETED,
@@ -58,6 +58,7 @@ def test_the_reward_is_the_generators_own_score(response, reward):
     assert asyncio.run(scorer.score_group([sample]))
     scorer.close()
     assert sample.reward == pytest.approx(reward)
+    assert sample.metadata["metrics"] == {"exact_match": exact}  # averaged into rollout/ and eval/exact_match
 
 
 def test_a_row_without_the_entry_is_a_counted_reward_error():

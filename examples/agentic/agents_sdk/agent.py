@@ -29,16 +29,21 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from agents import (Agent, MaxTurnsExceeded, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel,
-                    RunConfig, RunContextWrapper, Runner, function_tool, set_tracing_disabled)
+from agents import (Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, OpenAIChatCompletionsModel,
+                    OpenAIResponsesModel, RunConfig, RunContextWrapper, Runner, function_tool, set_tracing_disabled)
 
 from examples.agentic.code_interpreter import task
 from examples.agentic.code_interpreter.agent import AgentSettings, shared_sandbox
 from examples.agentic.openai_agent.agent import tool_output
+from slime_async.sample import Status
 
 MODEL_APIS = ("chat_completions", "responses")
 INSTRUCTIONS = "Use run_python to compute."  # the SDK sends it as the system (or instructions) turn
 FINAL_OUTPUT = "final_output"  # sample.metadata key: the agent's final answer (what reward grades)
+# The front is local, but on a loaded machine its event loop (shared with the rollout) can take
+# longer than openai's 5 s connect timeout to accept: measured at load ~45, the step-0 evaluation
+# failed with APITimeoutError. Waiting for the local front is right; the read limit stays 600 s.
+CLIENT_TIMEOUT = openai.Timeout(600.0, connect=120.0)
 
 
 @dataclass(frozen=True)
@@ -113,9 +118,9 @@ async def generate(ctx: Any, sample: Any, sampling_params: dict[str, Any]) -> li
                                    max_tokens=settings.agent.turn_tokens,
                                    extra_body={"top_k": sampling_params["top_k"]})
     episode = Episode(settings.agent)
-    final_output, turns = None, settings.agent.max_tool_calls + 1
+    final_output, turns, incomplete = None, settings.agent.max_tool_calls + 1, None
     async with openai.AsyncOpenAI(base_url=ctx.openai_base_url(sample), api_key=ctx.router_api_key or "unused",
-                                  max_retries=0) as client:
+                                  max_retries=0, timeout=CLIENT_TIMEOUT) as client:
         agent = build_agent(sdk_model(settings.model_api, client), model_settings)
         try:
             result = await Runner.run(agent, sample.prompt, context=episode,
@@ -124,14 +129,24 @@ async def generate(ctx: Any, sample: Any, sampling_params: dict[str, Any]) -> li
             final_output, turns = result.final_output, len(result.raw_responses)
         except MaxTurnsExceeded:
             pass  # still calling tools when out of turns: no answer (reward 0), the turns still train
+        except ModelBehaviorError as error:
+            # The Responses model raises on a response whose status is "incomplete" (the turn ran
+            # out of max_output_tokens); checked against the recording below.
+            incomplete = error
     pieces = await ctx.collect_trajectory(sample)
     last = pieces[-1]  # per episode, on the piece the final answer ends
+    if incomplete is not None:
+        if last.status is not Status.TRUNCATED:
+            raise incomplete  # the model misbehaved some other way: not a budget cut, the sample fails
+        # A budget cut is a truncated sample like any other: no answer (reward 0), its tokens train.
+        turns = len(episode.calls) + 1  # each tool call's turn, then the one that was cut
     last.metadata[FINAL_OUTPUT] = final_output
     last.metadata["tool_calls"] = episode.calls
     last.metadata["metrics"] = {
         "tool_calls": len(episode.calls),
         "tool_errors": sum(c["exit_code"] != 0 or c["killed_reason"] is not None for c in episode.calls),
         "turns": turns,
+        "incomplete": float(incomplete is not None),
     }
     return pieces
 
