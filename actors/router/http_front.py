@@ -353,7 +353,8 @@ class HttpFront:
     def _specs(self, prompt: list[int], sampling: Sampling, n: int) -> list[CompletionSpec]:
         chunk = self.config.router_chunk_tokens if sampling.stop or sampling.stream else None
         return [CompletionSpec(prompt, dict(sampling.params), sampling.max_tokens, sampling.stop, sampling.no_stop_trim,
-                               sampling.skip_special_tokens, chunk) for _ in range(n)]
+                               sampling.skip_special_tokens, chunk, sampling.top_logprobs if sampling.logprobs else 0)
+                for _ in range(n)]
 
     async def _complete(self, session: _Session, spec: CompletionSpec, on_progress: Any = None) -> Completion:
         router = self._router
@@ -361,7 +362,8 @@ class HttpFront:
         async def send(input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
             # No timeout: a request waits in the router while weights sync; the router bounds
             # each engine call itself.
-            return await router.ask("generate", input_ids, params, session_id=session.id, timeout=None)
+            return await router.ask("generate", input_ids, params, session_id=session.id,
+                                    top_logprobs_num=spec.top_logprobs_num, timeout=None)
 
         decode = lambda ids: self.model.decode(ids, spec.skip_special_tokens)  # noqa: E731
         return await complete(send, spec, decode, self.model.context_len, on_progress)
@@ -409,7 +411,14 @@ class HttpFront:
             content, calls = parse_tool_calls(text, self.model.tool_parser)
             text = content or ""
         token_texts = [self.model.token_text(t) for t in completion.output_ids] if logprobs else []
-        return ChoiceOut(completion, text, calls, token_texts)
+        tops = self.top_texts(completion) if logprobs and spec.top_logprobs_num else []
+        return ChoiceOut(completion, text, calls, token_texts, tops)
+
+    def top_texts(self, completion: Completion, start: int = 0, end: int | None = None
+                  ) -> list[list[tuple[str, float]]]:
+        """Each token's alternatives as (text, logprob), most likely first."""
+        return [[(self.model.token_text(t), logprob) for logprob, t in top]
+                for top in completion.top_logprobs[start:end]]
 
     def _text(self, completion: Completion, spec: CompletionSpec) -> str:
         return completion_text(completion, lambda ids: self.model.decode(ids, spec.skip_special_tokens),

@@ -22,10 +22,10 @@ from aiohttp import web
 
 from actors.router.http_json import json_response, read_json
 from actors.router.completion import CompletionSpec, TextStream
-from actors.router.openai_protocol import ChoiceOut, OpenAIError
+from actors.router.openai_protocol import ChoiceOut, OpenAIError, logprob_entries
 from actors.router.responses_protocol import (
     ResponsesRequest, as_input_items, chat_messages, error_object, incomplete, item_id, new_response_id,
-    output_items, output_text, parse_responses, response_object, text_logprobs,
+    output_items, output_text, parse_responses, response_object,
 )
 from actors.router.responses_store import ResponseStore, StoredResponse
 
@@ -194,8 +194,8 @@ class _MessageStream:
         self.tokens = end
         logprobs: list[dict[str, Any]] = []
         if self.logprobs:
-            logprobs = text_logprobs([front.model.token_text(t) for t in completion.output_ids[start:end]],
-                                     completion.logprobs[start:end])
+            logprobs = logprob_entries([front.model.token_text(t) for t in completion.output_ids[start:end]],
+                                       completion.logprobs[start:end], front.top_texts(completion, start, end))
         await self.events.send(
             "response.output_text.delta", item_id=self.item_id, output_index=self.index, content_index=0, delta=piece,
             logprobs=logprobs, token_ids=completion.output_ids[start:end],

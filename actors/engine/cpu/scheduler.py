@@ -73,6 +73,8 @@ class Request:
     on_finish: Callable[["Request"], None]
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    top_logprobs_num: int = 0
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # per output token
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
     kv: SequenceKV | None = None  # covers input_ids + output_ids[:-1]
@@ -493,8 +495,8 @@ class Scheduler:
         if not request.output_ids:
             self.prefix_cache.insert(tokens, kv)  # the prompt, for the other samples of a group
         request.kv = kv
-        token, logprob = self._sample(logits.unsqueeze(0), [request])
-        self._append(request, token[0], logprob[0])
+        token, logprob, top = self._sample(logits.unsqueeze(0), [request])
+        self._append(request, token[0], logprob[0], top[0])
 
     def _decode(self) -> None:
         batch = list(self._running)
@@ -506,19 +508,23 @@ class Scheduler:
         self.stats.num_decoded_tokens += len(batch)
         for request, kv in zip(batch, caches):
             request.kv = kv
-        tokens, logprobs = self._sample(logits, batch)
-        for request, token, logprob in zip(batch, tokens, logprobs):
-            self._append(request, token, logprob)
+        tokens, logprobs, tops = self._sample(logits, batch)
+        for request, token, logprob, top in zip(batch, tokens, logprobs, tops):
+            self._append(request, token, logprob, top)
 
-    def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
-        specs = [SamplingSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.generator) for r in batch]
+    def _sample(self, logits: torch.Tensor, batch: list[Request]
+                ) -> tuple[list[int], list[float], list[list[tuple[float, int]]]]:
+        specs = [SamplingSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.generator,
+                              r.top_logprobs_num if r.return_logprob else 0) for r in batch]
         return self.runner.sample(logits, specs)
 
-    def _append(self, request: Request, token: int, logprob: float) -> None:
+    def _append(self, request: Request, token: int, logprob: float, top: list[tuple[float, int]]) -> None:
         # Same order as SGLang's Req.check_finished: the length limit first, then stop
         # tokens; ignore_eos skips stop_token_ids as well as EOS.
         request.output_ids.append(token)
         request.output_logprobs.append(logprob)
+        if request.top_logprobs_num > 0:
+            request.output_top_logprobs.append(top)
         params = request.params
         if len(request.output_ids) >= params.max_new_tokens:
             self._finish(request, {"type": "length", "length": params.max_new_tokens})

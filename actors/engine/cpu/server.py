@@ -181,7 +181,8 @@ class EngineServer(WeightRoutes):
                 loop = asyncio.get_running_loop()
 
                 def on_token(req: Request, token: int, logprob: float) -> None:  # scheduler thread
-                    loop.call_soon_threadsafe(lambda: tokens.add(req, token, logprob, self.weight_version))
+                    top = req.output_top_logprobs[-1] if req.output_top_logprobs else []
+                    loop.call_soon_threadsafe(lambda: tokens.add(req, token, logprob, top, self.weight_version))
 
                 future = self._run(item, on_token)
                 future.add_done_callback(lambda _: tokens.finish(self.weight_version))
@@ -192,8 +193,8 @@ class EngineServer(WeightRoutes):
                     tokens.changed.clear()
                     if future.done() or len(tokens.ids) == sent:
                         continue
-                    chunk = stream_chunk(tokens.req, tokens.ids, tokens.logprobs, tokens.version, started,
-                                         self.tokenizer, start=sent if incremental else 0)
+                    chunk = stream_chunk(tokens.req, tokens.ids, tokens.logprobs, tokens.top_logprobs, tokens.version,
+                                         started, self.tokenizer, start=sent if incremental else 0)
                     sent = len(tokens.ids)
                     await response.write(sse_event(chunk))
                 finished = future.result()
@@ -217,7 +218,7 @@ class EngineServer(WeightRoutes):
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(req))
 
         self.scheduler.submit(Request(item.rid, item.input_ids, item.params, item.return_logprob, on_finish,
-                                      on_token=on_token))
+                                      top_logprobs_num=item.top_logprobs_num, on_token=on_token))
         return future
 
     # ---- health and discovery -----------------------------------------------------------
