@@ -49,6 +49,9 @@ class CompletionSpec:
     skip_special_tokens: bool = True
     chunk_tokens: int | None = None  # ask the engine for at most this many tokens per request
     top_logprobs_num: int = 0  # each token's most likely alternatives too (``send`` asks the engine)
+    # Text that ends the prompt but belongs to the answer (the front's forced tool-call opening):
+    # not generated here, read back in front of the completion's text when it is parsed.
+    answer_prefix: str = ""
 
 
 @dataclass

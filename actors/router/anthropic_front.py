@@ -35,11 +35,10 @@ class MessagesEndpoint:
         front = self.front
         session = front._session(request)
         parsed = parse_messages(await read_json(request, OpenAIError))
-        text = self._render(parsed)
+        forced = front.forced_opening(parsed.tool_choice, parsed.tools)  # any / tool: the call's opening
+        text = self._render(parsed) + forced
         prompt, text_parent = front._prompt_ids(session, text, front.model.encode)
-        [spec] = front._specs(prompt, parsed.sampling, 1)
-        # tool_choice any / tool (the chat path's required / named function) is rendered and
-        # parsed as auto: nothing forces the call (see docs/agents.md).
+        [spec] = front._specs(prompt, parsed.sampling, 1, forced)
         parse_tools = parsed.tools is not None
         message_id = new_message_id()
         response: web.StreamResponse | None = None

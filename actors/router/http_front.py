@@ -42,7 +42,7 @@ from actors.router.openai_protocol import (
 from actors.router.recorder import SessionRecorder
 from actors.router.responses_front import ResponsesEndpoint
 from actors.router.text_model import TextModel
-from actors.router.tool_calls import parse_tool_calls
+from actors.router.tool_calls import forced_opening, parse_tool_calls
 from slime_async.actor import ActorRef, ActorStopped
 from slime_async.engine_client import EngineError, EngineHTTPError, EngineTimeout
 from slime_async.trajectory import RecordedChoice
@@ -209,8 +209,10 @@ class HttpFront:
             text = self.model.render_chat(chat.messages, chat.tools, chat.template_kwargs)
         except Exception as error:  # noqa: BLE001 - jinja raises many types for a message it cannot take
             raise OpenAIError(f"the chat template could not render these messages: {error}", param="messages") from None
+        forced = self.forced_opening(chat.tool_choice, chat.tools)
+        text += forced
         prompt, text_parent = self._prompt_ids(session, text, self.model.encode)
-        specs = self._specs(prompt, chat.sampling, chat.sampling.n)
+        specs = self._specs(prompt, chat.sampling, chat.sampling.n, forced)
         request_id = new_id("chatcmpl")
         response: web.StreamResponse | None = None
         try:
@@ -350,11 +352,21 @@ class HttpFront:
         return [done[i] for i in range(len(specs))]
 
     # ----- generation -------------------------------------------------------------------------
-    def _specs(self, prompt: list[int], sampling: Sampling, n: int) -> list[CompletionSpec]:
+    def _specs(self, prompt: list[int], sampling: Sampling, n: int, forced: str = "") -> list[CompletionSpec]:
+        """``forced``: the tool-call opening that ends ``prompt`` (see `forced_opening`)."""
         chunk = self.config.router_chunk_tokens if sampling.stop or sampling.stream else None
         return [CompletionSpec(prompt, dict(sampling.params), sampling.max_tokens, sampling.stop, sampling.no_stop_trim,
-                               sampling.skip_special_tokens, chunk, sampling.top_logprobs if sampling.logprobs else 0)
-                for _ in range(n)]
+                               sampling.skip_special_tokens, chunk, sampling.top_logprobs if sampling.logprobs else 0,
+                               forced) for _ in range(n)]
+
+    def forced_opening(self, tool_choice: Any, tools: list[dict[str, Any]] | None) -> str:
+        """The tool-call opening a required or named ``tool_choice`` (the chat path's form) appends
+        to the rendered prompt, in the model's tool-call format; "" when nothing is forced. The
+        model continues the call; those tokens are prompt, so never trained (tool_calls.py)."""
+        try:
+            return forced_opening(tool_choice, tools, self.model.tool_parser)
+        except ValueError as error:
+            raise OpenAIError(str(error), param="tool_choice") from None
 
     async def _complete(self, session: _Session, spec: CompletionSpec, on_progress: Any = None) -> Completion:
         router = self._router
@@ -408,7 +420,7 @@ class HttpFront:
         text = self._text(completion, spec)
         calls: list = []
         if parse_tools:
-            content, calls = parse_tool_calls(text, self.model.tool_parser)
+            content, calls = parse_tool_calls(spec.answer_prefix + text, self.model.tool_parser)
             text = content or ""
         token_texts = [self.model.token_text(t) for t in completion.output_ids] if logprobs else []
         tops = self.top_texts(completion) if logprobs and spec.top_logprobs_num else []

@@ -67,6 +67,7 @@ class ChatRequest:
     parse_tools: bool
     template_kwargs: dict[str, Any]
     sampling: Sampling
+    tool_choice: Any = "auto"  # auto / none / required / {"type": "function", "function": {"name": ...}}
 
 
 @dataclass
@@ -86,9 +87,11 @@ def parse_chat(body: Any) -> ChatRequest:
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise OpenAIError("tools must be a list of objects", param="tools")
     tool_choice = body.get("tool_choice", "auto" if tools else "none")
-    if tool_choice not in ("auto", "none", "required") and not isinstance(tool_choice, dict):
-        raise OpenAIError(f"tool_choice must be auto, none, required or a function, got {tool_choice!r}",
-                          param="tool_choice")
+    if tool_choice not in ("auto", "none", "required") and not _names_a_tool(tool_choice, tools):
+        raise OpenAIError(f"tool_choice must be auto, none, required or {{'type': 'function', 'function': "
+                          f"{{'name': ...}}}} naming one of the tools, got {tool_choice!r}", param="tool_choice")
+    if tool_choice == "required" and not tools:
+        raise OpenAIError("tool_choice required needs tools", param="tool_choice")
     top_logprobs = top_logprobs_field(body, "top_logprobs", MAX_TOP_LOGPROBS)
     if top_logprobs and not body.get("logprobs"):
         raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs")
@@ -98,7 +101,8 @@ def parse_chat(body: Any) -> ChatRequest:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     sampling = _sampling(body, max_tokens, bool(body.get("logprobs")), top_logprobs)
     use_tools = bool(tools) and tool_choice != "none"
-    return ChatRequest(messages, tools if use_tools else None, use_tools, template_kwargs, sampling)
+    return ChatRequest(messages, tools if use_tools else None, use_tools, template_kwargs, sampling,
+                       tool_choice if use_tools else "none")
 
 
 def parse_completions(body: Any) -> CompletionsRequest:
@@ -318,6 +322,13 @@ def _completion_logprobs(choice: ChoiceOut, start: int, end: int | None) -> dict
         tops = [_first_per_text(top) for top in choice.top_logprobs[start:end]]
     return {"tokens": texts, "token_logprobs": choice.completion.logprobs[start:end], "top_logprobs": tops,
             "text_offset": offsets}
+
+
+def _names_a_tool(choice: Any, tools: list[dict[str, Any]] | None) -> bool:
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(choice.get("function"), dict):
+        return False
+    name = choice["function"].get("name")
+    return any((tool.get("function") or {}).get("name") == name for tool in tools or [])
 
 
 def _first_per_text(top: list[tuple[str, float]]) -> dict[str, float]:

@@ -7,7 +7,7 @@ the front's one completion loop (chunks, resume after a weight-sync abort), reco
 for ``previous_response_id`` and answered in Responses' shapes (responses_protocol.py), or as
 Responses' SSE events when ``stream`` is set. Tool calls are parsed by the front's parser for
 the model (hermes ``<tool_call>`` / Llama-3 JSON); ``tool_choice`` required / a named function
-is rendered and parsed like auto, as the chat path does it (no constrained decoding).
+forces the call's opening, as the chat path does (HttpFront.forced_opening).
 """
 
 from __future__ import annotations
@@ -63,8 +63,10 @@ class ResponsesEndpoint:
             text = front.model.render_chat(messages, parsed.chat_tools, parsed.template_kwargs)
         except Exception as error:  # noqa: BLE001 - jinja raises many types for a conversation it cannot take
             raise OpenAIError(f"the chat template could not render this conversation: {error}", param="input") from None
+        forced = front.forced_opening(parsed.chat_tool_choice, parsed.chat_tools)
+        text += forced
         prompt, text_parent = front._prompt_ids(session, text, front.model.encode)
-        [spec] = front._specs(prompt, parsed.sampling, 1)
+        [spec] = front._specs(prompt, parsed.sampling, 1, forced)
         turn = _Turn(session, parsed, parent, new_response_id(), time.time(), prompt, text, text_parent, spec)
         try:
             if parsed.sampling.stream:

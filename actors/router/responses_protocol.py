@@ -47,6 +47,7 @@ class ResponsesRequest:
     tools: list[dict[str, Any]]  # as given (Responses' flat shape), echoed in the response
     chat_tools: list[dict[str, Any]] | None  # chat-shaped, for the template; None: not rendered
     tool_choice: Any  # as given, echoed
+    chat_tool_choice: Any  # the chat path's form (forced_opening reads it)
     parse_tools: bool
     sampling: Sampling
     previous_response_id: str | None
@@ -103,7 +104,8 @@ def parse_responses(body: Any) -> ResponsesRequest:
                   for t in tools]
     return ResponsesRequest(
         items=input_items(body.get("input")), instructions=instructions, tools=tools,
-        chat_tools=chat_tools if use_tools else None, tool_choice=tool_choice, parse_tools=use_tools,
+        chat_tools=chat_tools if use_tools else None, tool_choice=tool_choice,
+        chat_tool_choice=chat_choice if use_tools else "none", parse_tools=use_tools,
         sampling=sampling, previous_response_id=previous, store=body.get("store", True) is not False,
         metadata=metadata, parallel_tool_calls=body.get("parallel_tool_calls", True) is not False,
         template_kwargs=template_kwargs)
