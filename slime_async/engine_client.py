@@ -176,10 +176,10 @@ class EngineClient:
         return_logprob: bool = True,
         rid: str | None = None,
         timeout: float | None = None,
-        stream: bool = False,
-        version_lag: int = 0,
+        stream: bool = False, version_lag: int = 0, top_logprobs_num: int = 0,
     ) -> dict[str, Any]:
-        """`POST /generate` for one prompt; returns SGLang's answer dict (see `parse_generate_output`).
+        """`POST /generate` for one prompt; returns SGLang's answer dict (see `parse_generate_output`);
+        ``top_logprobs_num``: each token's likeliest alternatives too (``output_top_logprobs``).
 
         ``stream``: ask for SGLang's stream of chunks (server-sent events) and assemble them into
         the same answer, with each output token's weight version taken from the chunk that first
@@ -188,7 +188,8 @@ class EngineClient:
         plain call's answer (finish_reason abort, the tokens so far); a failure in the stream raises
         the EngineError the plain call would (EngineHTTPError with its status, EngineConnectionError
         when the stream breaks off, EngineTimeout past ``timeout``)."""
-        payload = _generate_payload(input_ids, sampling_params, return_logprob, rid)
+        payload = _generate_payload(input_ids, sampling_params, return_logprob, rid) | (
+            {"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {})
         if not stream:
             return await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
         payload["stream"] = True

@@ -57,6 +57,9 @@ class GenerateOutput:
     # ``weight_version_segments``: the CPU engine, or the router for a request that spanned an
     # in-place sync); None: all of them are ``weight_version``.
     token_versions: list[str] | None = None
+    # Per output token its most likely alternatives as (logprob, token id), most likely first,
+    # when the request asked for them (``top_logprobs_num``, meta_info ``output_top_logprobs``).
+    top_logprobs: list[list[tuple[float, int]]] | None = None
 
 
 def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
@@ -90,6 +93,7 @@ def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
         )
     weight_version = meta.get("weight_version")
     token_versions = _token_versions(meta.get("weight_version_segments"), len(output_ids))
+    top_logprobs = _top_logprobs(meta.get("output_top_logprobs"), len(output_ids))
     return GenerateOutput(
         output_ids=output_ids,
         logprobs=logprobs,
@@ -101,7 +105,23 @@ def parse_generate_output(data: dict[str, Any]) -> GenerateOutput:
         finish_reason=finish_reason if isinstance(finish_reason, dict) else None,
         text=data.get("text"),
         token_versions=token_versions,
+        top_logprobs=top_logprobs,
     )
+
+
+def _top_logprobs(entries: Any, n_tokens: int) -> list[list[tuple[float, int]]] | None:
+    """SGLang's ``output_top_logprobs`` (per token a list of [logprob, token_id, text], or null when
+    it has none) as (logprob, token id) pairs; None when absent."""
+    if entries is None:
+        return None
+    try:
+        tops = [[(float(entry[0]), int(entry[1])) for entry in position or ()] for position in entries]
+    except (TypeError, ValueError, IndexError):
+        raise ValueError(f"meta_info.output_top_logprobs must be [[[logprob, token_id, text], ...], ...], "
+                         f"got {entries!r:.200}") from None
+    if len(tops) != n_tokens:
+        raise ValueError(f"meta_info.output_top_logprobs covers {len(tops)} tokens, the answer has {n_tokens}")
+    return tops
 
 
 def _token_versions(segments: Any, n_tokens: int) -> list[str] | None:
@@ -196,6 +216,7 @@ class StreamAssembler:
         self.chunks = 0
         self._ids: list[int] = []
         self._logprobs: list[Any] | None = None  # [[logprob, token_id, text], ...] when the chunks have them
+        self._tops: list[Any] | None = None  # output_top_logprobs, when the chunks have them
         self._text: str | None = None
         self._versions: list[str | None] = []  # one per token of the longer of the two lists
         self._last: dict[str, Any] | None = None
@@ -227,6 +248,10 @@ class StreamAssembler:
                 self._logprobs = []
             self._logprobs.extend(new_logprobs)
             cumulative = mode if mode is not None else cumulative
+        tops = meta.get("output_top_logprobs")
+        if tops is not None:
+            seen = 0 if self._tops is None else len(self._tops)
+            self._tops = (self._tops or []) + _new_entries(tops, seen, total, "meta_info.output_top_logprobs")[0]
         self._add_text(chunk.get("text"), cumulative)
         version = meta.get("weight_version")
         added = max(len(self._ids), len(self._logprobs or ())) - len(self._versions)
@@ -251,6 +276,8 @@ class StreamAssembler:
         if self._logprobs is not None:
             meta["output_token_logprobs"] = self._logprobs
             meta["output_token_logprobs_length"] = len(self._logprobs)
+        if self._tops is not None:
+            meta["output_top_logprobs"] = self._tops
         if self._text is not None:
             answer["text"] = self._text
         if "weight_version_segments" not in meta and all(v is not None for v in self._versions):

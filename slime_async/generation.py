@@ -17,6 +17,7 @@ router's HTTP front (actors/router/http_front.py). It owns:
 - each token's weight version as the engine's answer reports it (``weight_version_segments``:
   the CPU engine, or the router when it streamed a request across an in-place sync), so one
   request that ran across a sync carries both versions;
+- each token's most likely alternatives (``top_logprobs_num``), kept beside its logprob;
 - counters: requests, resumes, tokens kept on abort, the prompt's cached tokens;
 - ``on_progress(completion, final)`` after every request, for streaming.
 
@@ -50,6 +51,10 @@ class CompletionSpec:
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     chunk_tokens: int | None = None  # ask the engine for at most this many tokens per request
+    top_logprobs_num: int = 0  # each token's most likely alternatives too (``send`` asks the engine)
+    # Text that ends the prompt but belongs to the answer (the front's forced tool-call opening):
+    # not generated here, read back in front of the completion's text when it is parsed.
+    answer_prefix: str = ""
 
 
 @dataclass
@@ -65,6 +70,8 @@ class Completion:
     # The text so far, for whoever streams it (the front): decoded a chunk at a time, not again
     # from the start after every chunk. Not part of the completion's value.
     text: IncrementalText | None = field(default=None, compare=False, repr=False)
+    # per token its (logprob, token id) alternatives, most likely first: only with top_logprobs_num
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
     @property
     def finish_type(self) -> str:
@@ -114,11 +121,16 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
         out.output_ids += parsed.output_ids
         out.logprobs += parsed.logprobs
         out.weight_versions += token_versions(parsed)
+        if spec.top_logprobs_num:
+            if parsed.top_logprobs is None and parsed.output_ids:
+                raise GenerationFailed(f"engine {response.get('engine_url')} returned no top logprobs "
+                                       f"(asked for {spec.top_logprobs_num} with top_logprobs_num)")
+            out.top_logprobs += parsed.top_logprobs or []
         if search is not None and parsed.output_ids:
             hit = search.feed(out.output_ids, first=produced)
             if hit is not None:
                 cut, matched = hit
-                del out.output_ids[cut:], out.logprobs[cut:], out.weight_versions[cut:]
+                del out.output_ids[cut:], out.logprobs[cut:], out.weight_versions[cut:], out.top_logprobs[cut:]
                 out.finish_reason = {"type": "stop", "matched": matched}
                 break
         if parsed.finish_type == "abort":

@@ -35,10 +35,10 @@ class MessagesEndpoint:
         front = self.front
         session = front._session(request)
         parsed = parse_messages(await read_json(request, OpenAIError))
-        text, prompt, text_parent = await front._chat_prompt(session, parsed.messages, parsed.tools, None, "messages")
-        [spec] = front._specs(prompt, parsed.sampling, 1)
-        # tool_choice any / tool (the chat path's required / named function) is rendered and
-        # parsed as auto: nothing forces the call (see docs/agents.md).
+        forced = front.forced_opening(parsed.tool_choice, parsed.tools)  # any / tool: the call's opening
+        text, prompt, text_parent = await front._chat_prompt(session, parsed.messages, parsed.tools, None, "messages",
+                                                             forced)
+        [spec] = front._specs(prompt, parsed.sampling, 1, forced)
         parse_tools = parsed.tools is not None
         message_id = new_message_id()
         response: web.StreamResponse | None = None

@@ -5,7 +5,7 @@ Pure JSON in, JSON out. A Messages request becomes the same chat the OpenAI path
 calls, a user's ``tool_result`` blocks one ``tool`` message each (before the user's text, in
 block order, as SGLang's own Anthropic adapter does), and ``tools`` OpenAI-style functions for
 the model's chat template. ``tool_choice`` maps to the chat path's vocabulary (``any`` →
-``required``, ``tool`` → a named function).
+``required``, ``tool`` → a named function), which the front enforces by forcing the call's opening.
 
 Beyond Anthropic's fields every answer carries the exact tokens (extensions, ignored by clients
 that do not know them): top-level ``prompt_token_ids``, ``token_ids``, ``token_logprobs``,

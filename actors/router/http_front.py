@@ -44,7 +44,7 @@ from actors.router.recorder import SessionRecorder
 from actors.router.responses_front import ResponsesEndpoint
 from actors.router.text_model import TextModel
 from actors.router.tokenizer_thread import TokenizerThread
-from actors.router.tool_calls import parse_tool_calls
+from actors.router.tool_calls import forced_opening, parse_tool_calls
 from slime_async.actor import ActorRef, ActorStopped
 from slime_async.engine_client import EngineError, EngineHTTPError, EngineTimeout
 from slime_async.incremental_text import IncrementalText
@@ -217,9 +217,10 @@ class HttpFront:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
         chat = parse_chat(await read_json(request, OpenAIError))
+        forced = self.forced_opening(chat.tool_choice, chat.tools)
         text, prompt, text_parent = await self._chat_prompt(session, chat.messages, chat.tools, chat.template_kwargs,
-                                                            "messages")
-        specs = self._specs(prompt, chat.sampling, chat.sampling.n)
+                                                            "messages", forced)
+        specs = self._specs(prompt, chat.sampling, chat.sampling.n, forced)
         request_id = new_id("chatcmpl")
         response: web.StreamResponse | None = None
         try:
@@ -359,10 +360,21 @@ class HttpFront:
         return [done[i] for i in range(len(specs))]
 
     # ----- generation -------------------------------------------------------------------------
-    def _specs(self, prompt: list[int], sampling: Sampling, n: int) -> list[CompletionSpec]:
+    def _specs(self, prompt: list[int], sampling: Sampling, n: int, forced: str = "") -> list[CompletionSpec]:
+        """``forced``: the tool-call opening that ends ``prompt`` (see `forced_opening`)."""
         chunk = self.config.router_chunk_tokens if sampling.stop or sampling.stream else None
         return [CompletionSpec(prompt, dict(sampling.params), sampling.max_tokens, sampling.stop, sampling.no_stop_trim,
-                               sampling.skip_special_tokens, chunk) for _ in range(n)]
+                               sampling.skip_special_tokens, chunk, sampling.top_logprobs if sampling.logprobs else 0,
+                               forced) for _ in range(n)]
+
+    def forced_opening(self, tool_choice: Any, tools: list[dict[str, Any]] | None) -> str:
+        """The tool-call opening a required or named ``tool_choice`` (the chat path's form) appends
+        to the rendered prompt, in the model's tool-call format; "" when nothing is forced. The
+        model continues the call; those tokens are prompt, so never trained (tool_calls.py)."""
+        try:
+            return forced_opening(tool_choice, tools, self.model.tool_parser)
+        except ValueError as error:
+            raise OpenAIError(str(error), param="tool_choice") from None
 
     async def _complete(self, session: _Session, spec: CompletionSpec, on_progress: Any = None) -> Completion:
         router = self._router
@@ -371,7 +383,8 @@ class HttpFront:
             # No timeout: a request waits in the router while weights sync; the router bounds
             # each engine call itself.
             return await self.stats.engine_call(
-                router.ask("generate", input_ids, params, session_id=session.id, timeout=None))
+                router.ask("generate", input_ids, params, session_id=session.id,
+                           top_logprobs_num=spec.top_logprobs_num, timeout=None))
 
         decode = lambda ids: self.model.decode(ids, spec.skip_special_tokens)  # noqa: E731
         return await complete(send, spec, decode, self.model.context_len, on_progress)
@@ -420,12 +433,20 @@ class HttpFront:
         text = self._text(completion, spec)
         calls: list = []
         if parse_tools:
-            content, calls = parse_tool_calls(text, self.model.tool_parser)
+            content, calls = parse_tool_calls(spec.answer_prefix + text, self.model.tool_parser)
             text = content or ""
-        return ChoiceOut(completion, text, calls, self._token_texts(completion) if logprobs else [])
+        token_texts = self._token_texts(completion) if logprobs else []
+        tops = self.top_texts(completion) if logprobs and spec.top_logprobs_num else []
+        return ChoiceOut(completion, text, calls, token_texts, tops)
 
     def _token_texts(self, completion: Completion) -> list[str]:
         return [self.model.token_text(t) for t in completion.output_ids]
+
+    def top_texts(self, completion: Completion, start: int = 0, end: int | None = None
+                  ) -> list[list[tuple[str, float]]]:
+        """Each token's alternatives as (text, logprob), most likely first."""
+        return [[(self.model.token_text(t), logprob) for logprob, t in top]
+                for top in completion.top_logprobs[start:end]]
 
     def _text(self, completion: Completion, spec: CompletionSpec) -> str:
         return completion_text(completion, lambda ids: self.model.decode(ids, spec.skip_special_tokens),
@@ -470,12 +491,13 @@ class HttpFront:
         return ids, text[chars:], self.model.encode, (parent, chars)
 
     async def _chat_prompt(self, session: _Session, messages: list[dict[str, Any]], tools: Any,
-                           template_kwargs: dict[str, Any] | None, param: str) -> tuple[str, list[int], Any]:
-        """(text, ids, text parent) of a chat prompt: the template renders and the tokenizer
-        encodes in the tokenizer thread, the recorded-prefix lookup runs here (the recorder is
-        the loop's)."""
+                           template_kwargs: dict[str, Any] | None, param: str, forced: str = ""
+                           ) -> tuple[str, list[int], Any]:
+        """(text, ids, text parent) of a chat prompt ending with ``forced`` (a tool call's opening,
+        see `forced_opening`): the template renders and the tokenizer encodes in the tokenizer
+        thread, the recorded-prefix lookup runs here (the recorder is the loop's)."""
         try:
-            text = await self.tokenizer.run(self.model.render_chat, messages, tools, template_kwargs)
+            text = await self.tokenizer.run(self.model.render_chat, messages, tools, template_kwargs) + forced
         except Exception as error:  # noqa: BLE001 - jinja raises many types for a message it cannot take
             raise OpenAIError(f"the chat template could not render these {param}: {error}", param=param) from None
         known, rest, tokenize, parent = self._split_prompt(session, text, self.model.encode)

@@ -2,7 +2,7 @@
 
 Accepts what SGLang's ``GenerateReqInput`` accepts for text generation — ``text`` or
 ``input_ids`` (one prompt or a batch), ``sampling_params`` (one for all or one per prompt),
-``return_logprob``, ``rid``, ``stream`` — and answers in SGLang's format. Text ``stop`` strings
+``return_logprob``, ``top_logprobs_num``, ``rid``, ``stream`` — and answers in SGLang's format. Text ``stop`` strings
 and ``no_stop_trim`` are handled by the front (see completion.py), everything else in
 ``sampling_params`` goes to the engines. Errors are SGLang's ``{"error": {"message": ...}}``.
 """
@@ -20,7 +20,7 @@ from slime_async.generate_request import per_request
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 
 # GenerateReqInput fields that change nothing here (logprob options that only matter when
-# prompt logprobs or top-k logprobs are returned, which the engines do not send through us).
+# prompt logprobs are returned, which the engines do not send through us).
 _IGNORED = {"logprob_start_len", "return_text_in_logprobs", "log_metrics", "bootstrap_host", "bootstrap_port",
             "bootstrap_room", "data_parallel_rank", "custom_logit_processor", "lora_path", "priority",
             "return_hidden_states", "session_params", "modalities", "stream_output"}
@@ -51,8 +51,6 @@ def parse_generate(body: Any, encode: Callable[[str], list[int]]) -> tuple[list[
     for name in ("image_data", "audio_data", "video_data", "input_embeds", "token_ids_logprob"):
         if body.get(name) is not None:
             raise NativeError(f"{name} is not supported by the slime-async router")
-    if body.get("top_logprobs_num"):
-        raise NativeError("top_logprobs_num is not supported: the engines return only the sampled token's logprob")
     if body.get("input_ids") is not None:
         prompts = body["input_ids"]
         is_batch = isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], list)
@@ -73,10 +71,15 @@ def parse_generate(body: Any, encode: Callable[[str], list[int]]) -> tuple[list[
     sampling = per_request(body.get("sampling_params"), n, "sampling_params", dict, NativeError)
     logprob_flags = per_request(body.get("return_logprob"), n, "return_logprob", bool, NativeError)
     rids = per_request(body.get("rid"), n, "rid", str, NativeError)
+    top_nums = per_request(body.get("top_logprobs_num"), n, "top_logprobs_num", int, NativeError)
     items = []
     for i, ids in enumerate(prompts):
         where = f"sampling_params[{i}]" if is_batch else "sampling_params"
         spec, samples = _spec(list(ids), sampling[i] or {}, where)
+        top = top_nums[i] or 0
+        if isinstance(top, bool) or top < 0:
+            raise NativeError(f"top_logprobs_num must be a non-negative integer, got {top!r}")
+        spec.top_logprobs_num = top if logprob_flags[i] else 0  # SGLang returns them only with return_logprob
         rid = rids[i] or uuid.uuid4().hex
         for k in range(samples):
             items.append(NativeItem(rid if samples == 1 else f"{rid}-{k}", spec, bool(logprob_flags[i])))
@@ -131,4 +134,7 @@ def generate_response(item: NativeItem, completion: Completion, text: str, *, fi
     if item.return_logprob:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(completion.logprobs, completion.output_ids)]
         meta["input_token_logprobs"] = []
+        if item.spec.top_logprobs_num:
+            meta["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in top] for top in completion.top_logprobs]
+            meta["input_top_logprobs"] = []
     return {"text": text, "output_ids": list(completion.output_ids), "meta_info": meta}

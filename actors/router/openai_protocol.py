@@ -3,8 +3,9 @@
 Pure JSON in, JSON out. Beyond OpenAI's fields every answer carries the exact tokens
 (extensions, ignored by clients that do not know them): top-level ``prompt_token_ids`` and
 ``weight_version`` (of the last token), per choice ``token_ids``, ``token_logprobs`` and
-``token_weight_versions``. ``top_logprobs`` > 0 is refused: the engines return only the sampled
-token's logprob.
+``token_weight_versions``. ``top_logprobs`` (chat, 0..20 with ``logprobs: true``) and completions'
+``logprobs`` (0..5) are each token's most likely alternatives, from the engine (SGLang's
+``top_logprobs_num``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from actors.router.completion import Completion
 from actors.router.tool_calls import MessageError, ToolCall, template_messages
 
 MAX_N = 128
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat's top_logprobs (and Responses')
+MAX_COMPLETIONS_LOGPROBS = 5  # OpenAI's bound for completions' logprobs
 
 # Extension sampling fields a client may send (``extra_body``), with SGLang's names.
 _PASSTHROUGH = {"top_k": int, "min_p": float, "repetition_penalty": float, "stop_token_ids": list,
@@ -50,6 +53,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)  # engine sampling params (SGLang's names)
     logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token (with logprobs)
     stream: bool = False
     include_usage: bool = False
     no_stop_trim: bool = False
@@ -63,6 +67,7 @@ class ChatRequest:
     parse_tools: bool
     template_kwargs: dict[str, Any]
     sampling: Sampling
+    tool_choice: Any = "auto"  # auto / none / required / {"type": "function", "function": {"name": ...}}
 
 
 @dataclass
@@ -82,19 +87,22 @@ def parse_chat(body: Any) -> ChatRequest:
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise OpenAIError("tools must be a list of objects", param="tools")
     tool_choice = body.get("tool_choice", "auto" if tools else "none")
-    if tool_choice not in ("auto", "none", "required") and not isinstance(tool_choice, dict):
-        raise OpenAIError(f"tool_choice must be auto, none, required or a function, got {tool_choice!r}",
-                          param="tool_choice")
-    if body.get("top_logprobs"):
-        raise OpenAIError("top_logprobs is not supported: the engines return only the sampled token's logprob",
-                          param="top_logprobs")
+    if tool_choice not in ("auto", "none", "required") and not _names_a_tool(tool_choice, tools):
+        raise OpenAIError(f"tool_choice must be auto, none, required or {{'type': 'function', 'function': "
+                          f"{{'name': ...}}}} naming one of the tools, got {tool_choice!r}", param="tool_choice")
+    if tool_choice == "required" and not tools:
+        raise OpenAIError("tool_choice required needs tools", param="tool_choice")
+    top_logprobs = top_logprobs_field(body, "top_logprobs", MAX_TOP_LOGPROBS)
+    if top_logprobs and not body.get("logprobs"):
+        raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs")
     template_kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(template_kwargs, dict):
         raise OpenAIError("chat_template_kwargs must be an object", param="chat_template_kwargs")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    sampling = _sampling(body, max_tokens, bool(body.get("logprobs")))
+    sampling = _sampling(body, max_tokens, bool(body.get("logprobs")), top_logprobs)
     use_tools = bool(tools) and tool_choice != "none"
-    return ChatRequest(messages, tools if use_tools else None, use_tools, template_kwargs, sampling)
+    return ChatRequest(messages, tools if use_tools else None, use_tools, template_kwargs, sampling,
+                       tool_choice if use_tools else "none")
 
 
 def parse_completions(body: Any) -> CompletionsRequest:
@@ -112,17 +120,26 @@ def parse_completions(body: Any) -> CompletionsRequest:
     if body.get("best_of") not in (None, 1, body.get("n", 1)):
         raise OpenAIError("best_of is not supported", param="best_of")
     logprobs = body.get("logprobs")
-    if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs != 0):
-        raise OpenAIError("logprobs > 0 is not supported: the engines return only the sampled token's logprob; "
-                          "use logprobs=0", param="logprobs")
+    top = top_logprobs_field(body, "logprobs", MAX_COMPLETIONS_LOGPROBS)
     echo = bool(body.get("echo"))
     if echo and logprobs is not None:
         raise OpenAIError("echo with logprobs is not supported (no prompt logprobs)", param="echo")
-    sampling = _sampling(body, body.get("max_tokens", 16), logprobs is not None)
+    sampling = _sampling(body, body.get("max_tokens", 16), logprobs is not None, top)
     return CompletionsRequest(prompts, echo, sampling)
 
 
-def _sampling(body: dict[str, Any], max_tokens: Any, logprobs: bool) -> Sampling:
+def top_logprobs_field(body: dict[str, Any], name: str, most: int) -> int:
+    """An alternatives-per-token count (chat's and Responses' ``top_logprobs``, completions'
+    ``logprobs``): an integer in [0, most]; absent or null is 0."""
+    value = body.get(name)
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
+        raise OpenAIError(f"{name} must be an integer in [0, {most}], got {value!r}", param=name)
+    return value
+
+
+def _sampling(body: dict[str, Any], max_tokens: Any, logprobs: bool, top_logprobs: int = 0) -> Sampling:
     n = body.get("n", 1)
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
         raise OpenAIError(f"n must be an integer in [1, {MAX_N}], got {n!r}", param="n")
@@ -163,7 +180,8 @@ def _sampling(body: dict[str, Any], max_tokens: Any, logprobs: bool) -> Sampling
             params[name] = value
     stream_options = body.get("stream_options") or {}
     return Sampling(
-        n=n, max_tokens=max_tokens, stop=stops, params=params, logprobs=logprobs, stream=bool(body.get("stream")),
+        n=n, max_tokens=max_tokens, stop=stops, params=params, logprobs=logprobs, top_logprobs=top_logprobs,
+        stream=bool(body.get("stream")),
         include_usage=bool(isinstance(stream_options, dict) and stream_options.get("include_usage")),
         no_stop_trim=bool(body.get("no_stop_trim")), skip_special_tokens=body.get("skip_special_tokens", True) is not False,
     )
@@ -180,6 +198,7 @@ class ChoiceOut:
     text: str  # content (or completion text), stop-trimmed
     tool_calls: list[ToolCall] = field(default_factory=list)
     token_texts: list[str] = field(default_factory=list)  # for logprobs
+    top_logprobs: list[list[tuple[str, float]]] = field(default_factory=list)  # per token: (text, logprob)
 
 
 def new_id(prefix: str) -> str:
@@ -276,9 +295,20 @@ def _request_fields(prompt_ids: list[int], choices: list[ChoiceOut]) -> dict[str
 
 
 def _chat_logprobs(choice: ChoiceOut, start: int, end: int | None) -> dict[str, Any]:
-    texts = choice.token_texts[start:end]
-    return {"content": [{"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
-                        for text, logprob in zip(texts, choice.completion.logprobs[start:end])]}
+    return {"content": logprob_entries(choice.token_texts[start:end], choice.completion.logprobs[start:end],
+                                       choice.top_logprobs[start:end])}
+
+
+def logprob_entries(token_texts: list[str], logprobs: list[float], tops: list[list[tuple[str, float]]]
+                    ) -> list[dict[str, Any]]:
+    """OpenAI's per-token logprob objects (chat's ``logprobs.content``, Responses'
+    ``output_text.logprobs``): token, logprob, UTF-8 bytes and its top alternatives (``tops``:
+    per token (text, logprob) pairs, most likely first; empty when none were asked for)."""
+    tops = tops or [[] for _ in token_texts]
+    return [{"token": text, "logprob": logprob, "bytes": list(text.encode()),
+             "top_logprobs": [{"token": alt, "logprob": alt_logprob, "bytes": list(alt.encode())}
+                              for alt, alt_logprob in top]}
+            for text, logprob, top in zip(token_texts, logprobs, tops)]
 
 
 def _completion_logprobs(choice: ChoiceOut, start: int, end: int | None) -> dict[str, Any]:
@@ -287,8 +317,25 @@ def _completion_logprobs(choice: ChoiceOut, start: int, end: int | None) -> dict
     for text in texts:
         offsets.append(position)
         position += len(text)
-    return {"tokens": texts, "token_logprobs": choice.completion.logprobs[start:end], "top_logprobs": None,
+    tops = None
+    if choice.top_logprobs:  # one {text: logprob} per token; of alternatives with one text the likeliest
+        tops = [_first_per_text(top) for top in choice.top_logprobs[start:end]]
+    return {"tokens": texts, "token_logprobs": choice.completion.logprobs[start:end], "top_logprobs": tops,
             "text_offset": offsets}
+
+
+def _names_a_tool(choice: Any, tools: list[dict[str, Any]] | None) -> bool:
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(choice.get("function"), dict):
+        return False
+    name = choice["function"].get("name")
+    return any((tool.get("function") or {}).get("name") == name for tool in tools or [])
+
+
+def _first_per_text(top: list[tuple[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for text, logprob in top:
+        out.setdefault(text, logprob)
+    return out
 
 
 def _object(body: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ the front's one completion loop (chunks, resume after a weight-sync abort), reco
 for ``previous_response_id`` and answered in Responses' shapes (responses_protocol.py), or as
 Responses' SSE events when ``stream`` is set. Tool calls are parsed by the front's parser for
 the model (hermes ``<tool_call>`` / Llama-3 JSON); ``tool_choice`` required / a named function
-is rendered and parsed like auto, as the chat path does it (no constrained decoding).
+forces the call's opening, as the chat path does (HttpFront.forced_opening).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from aiohttp import web
 
 from actors.router.http_json import json_response, read_json
 from actors.router.completion import CompletionSpec, TextStream
-from actors.router.openai_protocol import ChoiceOut, OpenAIError
+from actors.router.openai_protocol import ChoiceOut, OpenAIError, logprob_entries
 from actors.router.responses_protocol import (
     ResponsesRequest, as_input_items, chat_messages, error_object, incomplete, item_id, new_response_id,
-    output_items, output_text, parse_responses, response_object, text_logprobs,
+    output_items, output_text, parse_responses, response_object,
 )
 from actors.router.responses_store import ResponseStore, StoredResponse
 
@@ -59,9 +59,10 @@ class ResponsesEndpoint:
         parsed = parse_responses(await read_json(request, OpenAIError))
         parent = self._parent(parsed, session)
         messages = chat_messages(parsed.instructions, (parent.conversation() if parent else []) + parsed.items)
+        forced = front.forced_opening(parsed.chat_tool_choice, parsed.chat_tools)
         text, prompt, text_parent = await front._chat_prompt(session, messages, parsed.chat_tools,
-                                                             parsed.template_kwargs, "input")
-        [spec] = front._specs(prompt, parsed.sampling, 1)
+                                                             parsed.template_kwargs, "input", forced)
+        [spec] = front._specs(prompt, parsed.sampling, 1, forced)
         turn = _Turn(session, parsed, parent, new_response_id(), time.time(), prompt, text, text_parent, spec)
         try:
             if parsed.sampling.stream:
@@ -191,8 +192,8 @@ class _MessageStream:
         self.tokens = end
         logprobs: list[dict[str, Any]] = []
         if self.logprobs:
-            logprobs = text_logprobs([front.model.token_text(t) for t in completion.output_ids[start:end]],
-                                     completion.logprobs[start:end])
+            logprobs = logprob_entries([front.model.token_text(t) for t in completion.output_ids[start:end]],
+                                       completion.logprobs[start:end], front.top_texts(completion, start, end))
         await self.events.send(
             "response.output_text.delta", item_id=self.item_id, output_index=self.index, content_index=0, delta=piece,
             logprobs=logprobs, token_ids=completion.output_ids[start:end],

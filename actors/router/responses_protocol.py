@@ -12,7 +12,7 @@ Beyond OpenAI's fields every response carries the exact tokens (extensions, igno
 that do not know them, read as ``response.model_extra[...]``): ``prompt_token_ids``,
 ``token_ids``, ``token_logprobs``, ``token_weight_versions`` and ``weight_version`` (of the last
 token). Built-in tools (web search, file search, computer use, MCP, ...), non-text input parts,
-structured-output formats, ``top_logprobs`` > 0, ``background``, ``conversation``, ``prompt``
+structured-output formats, ``background``, ``conversation``, ``prompt``
 templates and ``truncation: auto`` are refused with a 400 naming the field.
 """
 
@@ -24,7 +24,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from actors.router.openai_protocol import ChoiceOut, OpenAIError, Sampling, _sampling, token_fields
+from actors.router.openai_protocol import (MAX_TOP_LOGPROBS, ChoiceOut, OpenAIError, Sampling, _sampling,
+                                           logprob_entries, token_fields, top_logprobs_field)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # Include values that ask for nothing this server produces (there is no reasoning to encrypt).
@@ -46,6 +47,7 @@ class ResponsesRequest:
     tools: list[dict[str, Any]]  # as given (Responses' flat shape), echoed in the response
     chat_tools: list[dict[str, Any]] | None  # chat-shaped, for the template; None: not rendered
     tool_choice: Any  # as given, echoed
+    chat_tool_choice: Any  # the chat path's form (forced_opening reads it)
     parse_tools: bool
     sampling: Sampling
     previous_response_id: str | None
@@ -63,9 +65,7 @@ def parse_responses(body: Any) -> ResponsesRequest:
             raise OpenAIError(reason, param=name)
     if body.get("truncation") not in (None, "disabled"):
         raise OpenAIError("truncation 'auto' is not supported: the whole conversation is sent", param="truncation")
-    if body.get("top_logprobs"):
-        raise OpenAIError("top_logprobs is not supported: the engines return only the sampled token's logprob",
-                          param="top_logprobs")
+    top_logprobs = top_logprobs_field(body, "top_logprobs", MAX_TOP_LOGPROBS)
     reasoning = body.get("reasoning")
     if isinstance(reasoning, dict) and any(v is not None for v in reasoning.values()):
         raise OpenAIError("reasoning options are not supported by this model server", param="reasoning")
@@ -96,14 +96,16 @@ def parse_responses(body: Any) -> ResponsesRequest:
     template_kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(template_kwargs, dict):
         raise OpenAIError("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    # top_logprobs > 0 shows the logprobs (with their alternatives) even without the include.
     sampling = _sampling({k: v for k, v in body.items() if k not in _NOT_RESPONSES}, max_output,
-                         LOGPROBS_INCLUDE in include)
+                         LOGPROBS_INCLUDE in include or top_logprobs > 0, top_logprobs)
     use_tools = bool(tools) and chat_choice != "none"
     chat_tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
                   for t in tools]
     return ResponsesRequest(
         items=input_items(body.get("input")), instructions=instructions, tools=tools,
-        chat_tools=chat_tools if use_tools else None, tool_choice=tool_choice, parse_tools=use_tools,
+        chat_tools=chat_tools if use_tools else None, tool_choice=tool_choice,
+        chat_tool_choice=chat_choice if use_tools else "none", parse_tools=use_tools,
         sampling=sampling, previous_response_id=previous, store=body.get("store", True) is not False,
         metadata=metadata, parallel_tool_calls=body.get("parallel_tool_calls", True) is not False,
         template_kwargs=template_kwargs)
@@ -265,7 +267,8 @@ def output_items(choice: ChoiceOut, logprobs: bool) -> list[dict[str, Any]]:
     status = "incomplete" if incomplete(choice) else "completed"
     if choice.text or not choice.tool_calls:
         scored = logprobs and not choice.tool_calls  # with calls the tokens are not all text
-        part = output_text(choice.text, text_logprobs(choice.token_texts, choice.completion.logprobs) if scored else [])
+        part = output_text(choice.text, logprob_entries(choice.token_texts, choice.completion.logprobs,
+                                                        choice.top_logprobs) if scored else [])
         items.append({"id": item_id("msg"), "type": "message", "role": "assistant", "status": status,
                       "content": [part]})
     for call in choice.tool_calls:
@@ -278,11 +281,6 @@ def output_items(choice: ChoiceOut, logprobs: bool) -> list[dict[str, Any]]:
 
 def output_text(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
-
-
-def text_logprobs(token_texts: list[str], logprobs: list[float]) -> list[dict[str, Any]]:
-    return [{"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
-            for text, logprob in zip(token_texts, logprobs)]
 
 
 def as_input_items(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -310,6 +308,7 @@ def response_object(response_id: str, model: str, request: ResponsesRequest, cre
         "parallel_tool_calls": request.parallel_tool_calls, "tool_choice": request.tool_choice,
         "tools": request.tools, "temperature": sampling.params.get("temperature"),
         "top_p": sampling.params.get("top_p"), "max_output_tokens": sampling.max_tokens,
+        "top_logprobs": sampling.top_logprobs,
         "previous_response_id": request.previous_response_id, "store": request.store, "background": False,
         "reasoning": {"effort": None, "summary": None}, "text": {"format": {"type": "text"}},
         "truncation": "disabled", "usage": None, "user": None,

@@ -12,6 +12,12 @@ model writes back, for the families the HF bridge supports:
 
 Text that does not parse as a call stays content: a malformed call is the model's mistake to
 learn from, not a server error.
+
+``tool_choice`` required or a named function is enforced by prefilling (`forced_opening`): the
+front appends the call's opening in the model's format to the prompt — ``<tool_call>\n`` (a named
+function: up to ``{"name": "f", "arguments": ``) — so the model can only go on with a call. Those
+tokens are prompt to the engine and in the trajectory, never sampled (loss mask 0), and parsed
+with the completion.
 """
 
 from __future__ import annotations
@@ -64,6 +70,28 @@ def choose_parser(chat_template: str | None, model_type: str | None) -> ToolPars
     if PYTHON_TAG in template or (model_type or "").startswith("llama"):
         return "llama3_json"
     return "hermes"  # Qwen-family default; harmless on text without tool-call markup
+
+
+def forced_opening(tool_choice: Any, tools: list[dict[str, Any]] | None, parser: ToolParser) -> str:
+    """The text that forces a call under the chat path's ``tool_choice`` (required, or
+    ``{"type": "function", "function": {"name": ...}}``); "" for auto / none. ``required`` with
+    one tool forces that tool by name; with several the model writes the name. ValueError (the
+    caller's 400) when it cannot be forced: no tools, or no tool-call format (parser none)."""
+    if tool_choice == "required":
+        names = [tool.get("function", {}).get("name") for tool in tools or []]
+        name = names[0] if len(names) == 1 else None
+    elif isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+    else:
+        return ""
+    if not tools:
+        raise ValueError("tool_choice: a required or named tool call needs tools")
+    if parser == "hermes":
+        return HERMES_OPEN + "\n" + (f'{{"name": {json.dumps(name)}, "arguments": ' if name else "")
+    if parser == "llama3_json":
+        return f'{{"name": {json.dumps(name)}, "parameters": ' if name else '{"name": "'
+    raise ValueError("tool_choice: a required or named tool call needs a tool-call format (--router-tool-parser "
+                     "is none)")
 
 
 def parse_tool_calls(text: str, parser: ToolParser) -> tuple[str | None, list[ToolCall]]:

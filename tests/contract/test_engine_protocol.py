@@ -127,6 +127,23 @@ async def test_logprobs_match_a_transformers_recompute(client, hf_model, engine_
     assert worst <= engine_under_test.logprob_atol, f"engine {out.logprobs} vs transformers {expected}"
 
 
+async def test_top_logprobs_are_the_most_likely_tokens_most_likely_first(client, hf_model, engine_under_test):
+    """``top_logprobs_num``: per output token its k most likely tokens (SGLang's
+    ``meta_info.output_top_logprobs``); greedy, so the first is the token sampled."""
+    out = await generate(client, PROMPT, **GREEDY)
+    answer = parse_generate_output(await client.generate(PROMPT, GREEDY, top_logprobs_num=4))
+    assert answer.output_ids == out.output_ids and len(answer.top_logprobs) == len(answer.output_ids)
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([PROMPT + answer.output_ids])).logits[0, len(PROMPT) - 1:-1].float()
+    reference = torch.log_softmax(logits, dim=-1)
+    for position, (top, token, logprob) in enumerate(zip(answer.top_logprobs, answer.output_ids, answer.logprobs)):
+        values = [value for value, _ in top]
+        assert len(top) == 4 and values == sorted(values, reverse=True)
+        assert top[0] == (pytest.approx(logprob, abs=1e-6), token)
+        expected = [float(reference[position, t]) for _, t in top]
+        assert values == pytest.approx(expected, abs=engine_under_test.logprob_atol)
+
+
 async def test_stop_token_ends_generation_at_its_first_occurrence(client):
     reference = (await generate(client, PROMPT, **GREEDY)).output_ids
     stop = reference[3]

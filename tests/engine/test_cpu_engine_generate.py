@@ -214,3 +214,32 @@ async def test_v1_loads_reports_running_and_waiting_counts(engine_url, http):
     entry = loads["loads"][0]
     assert entry["num_running_reqs"] == 0 and entry["num_waiting_reqs"] == 0
     assert loads["aggregate"]["total_reqs"] == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+async def test_top_logprobs_are_the_most_likely_tokens_of_the_sampled_distribution(engine_url, http, hf_model,
+                                                                                    temperature):
+    """SGLang's ``top_logprobs_num``: per output token ``meta_info.output_top_logprobs`` holds the k
+    most likely [logprob, token_id, null] of the distribution the token's logprob comes from."""
+    params = {"temperature": temperature, "max_new_tokens": 5, "ignore_eos": True}
+    out = await generate(http, engine_url, input_ids=PROMPT, sampling_params=params, return_logprob=True,
+                         top_logprobs_num=3)
+    tops = out["meta_info"]["output_top_logprobs"]
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([PROMPT + out["output_ids"]])).logits[0, len(PROMPT) - 1:-1].float()
+    expected = torch.log_softmax(logits / (temperature or 1.0), dim=-1).topk(3)
+    assert len(tops) == len(out["output_ids"]) and out["meta_info"]["input_top_logprobs"] == []
+    for top, values, ids in zip(tops, expected.values, expected.indices):
+        assert [token for _, token, _ in top] == ids.tolist() and all(text is None for _, _, text in top)
+        assert [logprob for logprob, _, _ in top] == pytest.approx(values.tolist(), abs=1e-4)
+    if temperature == 0.0:  # greedy: the most likely token is the one sampled
+        assert [top[0][1] for top in tops] == out["output_ids"]
+        assert [top[0][0] for top in tops] == [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+
+
+async def test_top_logprobs_are_absent_unless_asked_for_and_a_bad_count_is_a_400(engine_url, http):
+    out = await generate(http, engine_url, input_ids=PROMPT, sampling_params={"max_new_tokens": 2},
+                         return_logprob=True)
+    assert "output_top_logprobs" not in out["meta_info"]
+    async with http.post(engine_url + "/generate", json={"input_ids": PROMPT, "top_logprobs_num": -1}) as resp:
+        assert resp.status == 400 and "top_logprobs_num" in (await resp.json())["error"]["message"]

@@ -191,3 +191,13 @@ async def test_the_versions_the_chunks_name_agree_token_for_token_with_the_engin
     for chunk in chunks:
         assembler.add(chunk)
     assert assembler.answer()["meta_info"]["weight_version_segments"] == truth
+
+
+async def test_a_stream_with_top_logprobs_assembles_into_the_plain_answers(engine_url):
+    async with EngineClient(engine_url) as client:
+        streamed = parse_generate_output(await client.generate(PROMPT, SHORT, stream=True, top_logprobs_num=2))
+        answer = parse_generate_output(await client.generate(PROMPT, SHORT, top_logprobs_num=2))
+    assert [[t for _, t in top] for top in streamed.top_logprobs] == [[t for _, t in top] for top in answer.top_logprobs]
+    assert [lp for top in streamed.top_logprobs for lp, _ in top] == pytest.approx(
+        [lp for top in answer.top_logprobs for lp, _ in top], abs=1e-5)
+    assert len(streamed.top_logprobs) == len(streamed.output_ids) == SHORT["max_new_tokens"]

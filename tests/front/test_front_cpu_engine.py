@@ -121,3 +121,48 @@ def test_the_standalone_router_command_serves_the_openai_client(cpu_engine, chat
         client = openai.OpenAI(base_url=url + "/v1", api_key="k")
         answer = client.chat.completions.create(model=chat_model_dir.name, messages=QUESTION, max_tokens=4)
         assert answer.choices[0].finish_reason in ("stop", "length") and answer.model == chat_model_dir.name
+
+
+async def test_chat_top_logprobs_are_the_engines_alternatives_streamed_or_not(cpu_engine, start_front, text_model):
+    _, url = await start_front([cpu_engine], text_model, router_chunk_tokens=4)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused")
+    ask = {"model": "tiny", "messages": QUESTION, "max_tokens": 6, "temperature": 0, "logprobs": True,
+           "top_logprobs": 3, "extra_body": {"ignore_eos": True}}
+    answer = await client.chat.completions.create(**ask)
+    content = answer.choices[0].logprobs.content
+    async with EngineClient(cpu_engine) as engine:
+        direct = await engine.generate(answer.model_extra["prompt_token_ids"],
+                                       {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True},
+                                       top_logprobs_num=3)
+    engine_tops = direct["meta_info"]["output_top_logprobs"]
+    assert [[alt.token for alt in entry.top_logprobs] for entry in content] == [
+        [text_model.token_text(t) for _, t, _ in top] for top in engine_tops]
+    assert [alt.logprob for entry in content for alt in entry.top_logprobs] == pytest.approx(
+        [lp for top in engine_tops for lp, _, _ in top], abs=1e-5)
+    assert all(entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].bytes == list(entry.token.encode())
+               for entry in content)  # greedy: the most likely is the one chosen
+    stream = await client.chat.completions.create(**ask, stream=True)
+    streamed = [entry async for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+                for entry in chunk.choices[0].logprobs.content]
+    # (the stream's 4-token requests reuse cached KV: logprobs equal up to float rounding)
+    assert [[alt.token for alt in e.top_logprobs] for e in streamed] == [[alt.token for alt in e.top_logprobs]
+                                                                           for e in content]
+    assert [alt.logprob for e in streamed for alt in e.top_logprobs] == pytest.approx(
+        [alt.logprob for e in content for alt in e.top_logprobs], abs=1e-5)
+
+
+async def test_responses_and_completions_return_top_logprobs(cpu_engine, start_front, text_model):
+    _, url = await start_front([cpu_engine], text_model)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused")
+    response = await client.responses.create(model="tiny", input="What is 2 + 3?", max_output_tokens=5, temperature=0,
+                                             top_logprobs=2, include=["message.output_text.logprobs"],
+                                             extra_body={"ignore_eos": True})
+    logprobs = response.output[0].content[0].logprobs
+    assert len(logprobs) == 5 and all(len(entry.top_logprobs) == 2 for entry in logprobs)
+    assert [entry.top_logprobs[0].logprob for entry in logprobs] == pytest.approx(
+        response.model_extra["token_logprobs"], abs=1e-6)
+    completion = await client.completions.create(model="tiny", prompt="1+2=", max_tokens=4, temperature=0, logprobs=2,
+                                                 extra_body={"ignore_eos": True})
+    tops = completion.choices[0].logprobs.top_logprobs
+    assert len(tops) == 4 and all(1 <= len(top) <= 2 for top in tops)
+    assert [max(top.values()) for top in tops] == pytest.approx(completion.choices[0].logprobs.token_logprobs, abs=1e-6)

@@ -79,7 +79,7 @@ async def test_errors_come_in_each_apis_own_format(scripted_engine, start_front,
     _, url = await start_front([scripted_engine.url], text_model)
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused")
     with pytest.raises(openai.BadRequestError) as error:
-        await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], top_logprobs=3,
+        await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], top_logprobs=21,
                                              logprobs=True)
     assert error.value.body["param"] == "top_logprobs" and error.value.body["type"] == "invalid_request_error"
     async with aiohttp.ClientSession() as http:

@@ -102,7 +102,8 @@ def test_tool_choice_none_renders_and_parses_no_tools():
 
 @pytest.mark.parametrize("body,param", [
     ({"messages": []}, "messages"),
-    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),  # without logprobs
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "stop": 3}, "stop"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, "max_tokens"),
@@ -114,11 +115,12 @@ def test_chat_request_errors_name_the_parameter(body, param):
     assert error.value.param == param and error.value.status == 400
 
 
-def test_completions_defaults_to_16_tokens_and_refuses_top_logprobs():
+def test_completions_defaults_to_16_tokens_and_takes_up_to_5_top_logprobs():
     assert parse_completions({"prompt": "a"}).sampling.max_tokens == 16
     assert parse_completions({"prompt": [[1, 2], "b"], "logprobs": 0}).prompts == [[1, 2], "b"]
+    assert parse_completions({"prompt": "a", "logprobs": 5}).sampling.top_logprobs == 5
     with pytest.raises(OpenAIError) as error:
-        parse_completions({"prompt": "a", "logprobs": 2})
+        parse_completions({"prompt": "a", "logprobs": 6})
     assert error.value.param == "logprobs"
 
 
@@ -142,7 +144,7 @@ def test_generate_takes_text_batches_n_and_keeps_text_stops_at_the_front():
     ({}, "one of text or input_ids"),
     ({"input_ids": [1], "sampling_params": {"stop_regex": "a+"}}, "stop_regex"),
     ({"input_ids": [1], "sampling_params": {"temprature": 1.0}}, "did you mean 'temperature'"),
-    ({"input_ids": [1], "top_logprobs_num": 3}, "top_logprobs_num"),
+    ({"input_ids": [1], "top_logprobs_num": -1}, "top_logprobs_num must be a non-negative integer"),
     ({"input_ids": [1], "bogus": 1}, "unknown /generate field(s): bogus"),
     ({"input_ids": [[1], [2]], "stream": True}, "stream=true needs a single prompt"),
 ])

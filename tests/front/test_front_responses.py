@@ -158,7 +158,7 @@ async def test_a_weight_sync_abort_mid_response_is_resumed_with_per_token_versio
      "input[0].content[0]"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"previous_response_id": "resp_nope"}, "previous_response_id"),
-    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"top_logprobs": 21}, "top_logprobs"),
     ({"text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"tools": [ADD], "tool_choice": {"type": "function", "name": "sub"}}, "tool_choice"),
     ({"background": True}, "background"),

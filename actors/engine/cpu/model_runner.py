@@ -47,6 +47,7 @@ class SamplingSpec:
     top_p: float = 1.0
     top_k: int = -1
     generator: torch.Generator | None = None
+    top_logprobs_num: int = 0  # also report this many most likely tokens of the same distribution
 
 
 def kv_length(kv: SequenceKV | None) -> int:
@@ -172,9 +173,12 @@ class ModelRunner:
 
     # ---- sampling ------------------------------------------------------------------
 
-    def sample(self, logits: torch.Tensor, specs: list[SamplingSpec]) -> tuple[list[int], list[float]]:
-        """Pick one token per row of `logits` [batch, vocab]; return tokens and their logprobs."""
-        tokens, logprobs = [], []
+    def sample(self, logits: torch.Tensor, specs: list[SamplingSpec]
+               ) -> tuple[list[int], list[float], list[list[tuple[float, int]]]]:
+        """Pick one token per row of `logits` [batch, vocab]; return tokens, their logprobs, and
+        per row the ``top_logprobs_num`` most likely (logprob, token) of the same log-softmax,
+        most likely first (SGLang's ``get_top_logprobs``: a top-k of the logprobs it reports)."""
+        tokens, logprobs, tops = [], [], []
         for row, spec in zip(logits, specs):
             greedy = spec.temperature < GREEDY_EPS or spec.top_k == 1
             temperature = 1.0 if spec.temperature < GREEDY_EPS else spec.temperature
@@ -185,7 +189,12 @@ class ModelRunner:
                 token = self._draw(log_probs, spec)
             tokens.append(token)
             logprobs.append(float(log_probs[token]))
-        return tokens, logprobs
+            top: list[tuple[float, int]] = []
+            if spec.top_logprobs_num > 0:
+                values, ids = torch.topk(log_probs, min(spec.top_logprobs_num, log_probs.numel()))
+                top = list(zip(values.tolist(), ids.tolist()))
+            tops.append(top)
+        return tokens, logprobs, tops
 
     def _draw(self, log_probs: torch.Tensor, spec: SamplingSpec) -> int:
         probs = filter_top_k_top_p(log_probs.exp(), spec.top_k, spec.top_p)

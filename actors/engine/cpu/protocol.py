@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # avoid a runtime cycle: the scheduler imports SamplingParams
     from actors.engine.cpu.scheduler import Request
 
 
+# One output token's most likely alternatives, as (logprob, token id), most likely first.
+TopLogprobs = list[tuple[float, int]]
+
 UNTIL_CONTEXT_END = 2**31 - 1  # max_new_tokens that only the context length cuts short
 
 
@@ -148,6 +151,7 @@ class GenerateItem:
     input_ids: list[int]
     params: SamplingParams
     return_logprob: bool
+    top_logprobs_num: int = 0  # SGLang's top-level field: alternatives per output token
 
 
 def parse_generate(
@@ -171,6 +175,7 @@ def parse_generate(
     sampling = per_request(body.get("sampling_params"), n, "sampling_params", dict, BadRequest)
     logprob_flags = per_request(body.get("return_logprob"), n, "return_logprob", bool, BadRequest)
     rids = per_request(body.get("rid"), n, "rid", str, BadRequest)
+    top_nums = per_request(body.get("top_logprobs_num"), n, "top_logprobs_num", int, BadRequest)
     items = []
     for i, ids in enumerate(prompt_list):
         where = f"input_ids[{i}]: " if is_batch else ""
@@ -179,7 +184,10 @@ def parse_generate(
             params = SamplingParams.from_json(sampling[i])
         except ValueError as exc:
             raise BadRequest(where + str(exc)) from exc
-        items.append(GenerateItem(rids[i] or uuid.uuid4().hex, ids, params, bool(logprob_flags[i])))
+        top = top_nums[i] or 0
+        if isinstance(top, bool) or not 0 <= top <= vocab_size:
+            raise BadRequest(f"{where}top_logprobs_num must be an integer in [0, {vocab_size}], got {top!r}")
+        items.append(GenerateItem(rids[i] or uuid.uuid4().hex, ids, params, bool(logprob_flags[i]), top))
     if stream and is_batch:
         raise BadRequest("stream=true takes a single prompt, not a batch")
     return items, is_batch, stream
@@ -200,25 +208,27 @@ def generate_output(req: "Request", weight_version: str, started: float, tokeniz
     """SGLang's response object for one finished request (also the last chunk of its stream).
     ``segments``: add ``weight_version_segments``, which SGLang does not have (of all the output
     tokens); ``start``: the last chunk of an incremental stream, with the tokens from there on."""
-    out = _answer(req, req.output_ids, req.output_logprobs, weight_version, started, tokenizer, final=True,
-                  start=start)
+    out = _answer(req, req.output_ids, req.output_logprobs, req.output_top_logprobs, weight_version, started,
+                  tokenizer, final=True, start=start)
     if segments and req.version_marks:
         out["meta_info"]["weight_version_segments"] = version_segments(req.version_marks, len(req.output_ids))
     return out
 
 
-def stream_chunk(req: "Request", output_ids: list[int], logprobs: list[float], weight_version: str, started: float,
-                 tokenizer: Any | None, *, start: int = 0) -> dict[str, Any]:
+def stream_chunk(req: "Request", output_ids: list[int], logprobs: list[float], top_logprobs: list[TopLogprobs],
+                 weight_version: str, started: float, tokenizer: Any | None, *, start: int = 0) -> dict[str, Any]:
     """A chunk of an unfinished request's stream, as SGLang 0.5.17 builds it (tokenizer_manager
     ``_handle_batch_output``): by default cumulative (every token so far, in ``output_ids``,
     ``output_token_logprobs`` and ``text``); ``start`` > 0 (``--incremental-streaming-output``)
     only the tokens from ``start`` on. finish_reason null, ``completion_tokens`` all tokens so far,
     ``weight_version`` the version when the chunk is built."""
-    return _answer(req, output_ids, logprobs, weight_version, started, tokenizer, final=False, start=start)
+    return _answer(req, output_ids, logprobs, top_logprobs, weight_version, started, tokenizer, final=False,
+                   start=start)
 
 
-def _answer(req: "Request", output_ids: list[int], logprobs: list[float], weight_version: str, started: float,
-            tokenizer: Any | None, *, final: bool, start: int = 0) -> dict[str, Any]:
+def _answer(req: "Request", output_ids: list[int], logprobs: list[float], top_logprobs: list[TopLogprobs],
+            weight_version: str, started: float, tokenizer: Any | None, *, final: bool, start: int = 0
+            ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": req.rid,
         "finish_reason": req.finish_reason if final else None,
@@ -232,6 +242,11 @@ def _answer(req: "Request", output_ids: list[int], logprobs: list[float], weight
     if req.return_logprob:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(logprobs, output_ids)]
         meta["input_token_logprobs"] = []
+        if req.top_logprobs_num > 0:
+            # SGLang's layout (tokenizer_manager ``add_logprob_to_meta_info``): per output token its
+            # top_logprobs_num alternatives, most likely first, each [logprob, token_id, text or null].
+            meta["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in top] for top in top_logprobs[start:]]
+            meta["input_top_logprobs"] = []
     out: dict[str, Any] = {"output_ids": list(output_ids), "meta_info": meta}
     if tokenizer is not None:
         text_ids = output_ids

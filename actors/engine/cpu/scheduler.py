@@ -73,6 +73,8 @@ class Request:
     on_finish: Callable[["Request"], None]
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    top_logprobs_num: int = 0
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # per output token
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
     kv: SequenceKV | None = None  # covers input_ids + output_ids[:-1]
@@ -164,6 +166,8 @@ class Scheduler:
         self._held: list[Request] = []
         # SGLang's deferred /flush_cache?timeout=T: (deadline, future of (success, message)).
         self._pending_flush: tuple[float, concurrent.futures.Future] | None = None
+        # A test's armed in-place pause (arm_pause_at): (output tokens, future of what it paused).
+        self._pause_at: tuple[int, concurrent.futures.Future] | None = None
         self._lock = threading.Condition()
         self._incoming: list[Request] = []
         self._controls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
@@ -247,6 +251,35 @@ class Scheduler:
             self._finish(request, request.to_finish)
         self._waiting.extend(self._held)
         self._held.clear()
+
+    def arm_pause_at(self, output_tokens: int) -> concurrent.futures.Future:
+        """Not SGLang's (a test aid): pause in place right after the step in which a running
+        request reaches ``output_tokens`` output tokens, so a weight update lands at a known token
+        of a generation instead of wherever a racing client's pause would. The future gets
+        ``{"rid", "output_tokens"}`` of that request. One arm at a time: a new one replaces it.
+        A request gains one token per step, two in the step that admits it."""
+        self.disarm_pause_at()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._pause_at = (output_tokens, future)
+        return future
+
+    def disarm_pause_at(self, future: concurrent.futures.Future | None = None) -> None:
+        """Drop the armed pause (only if it is ``future``'s, when given)."""
+        if self._pause_at is not None and (future is None or self._pause_at[1] is future):
+            self._pause_at[1].cancel()
+            self._pause_at = None
+
+    def _check_pause_at(self) -> None:
+        if self._pause_at is None or self.engine_paused:
+            return
+        output_tokens, future = self._pause_at
+        reached = next((r for r in self._running if len(r.output_ids) >= output_tokens), None)
+        if reached is None:
+            return
+        self._pause_at = None
+        self.pause("in_place")
+        if future.set_running_or_notify_cancel():
+            future.set_result({"rid": reached.rid, "output_tokens": len(reached.output_ids)})
 
     def is_fully_idle(self) -> bool:
         """SGLang's is_fully_idle: nothing running (paused or not) and nothing waiting."""
@@ -369,6 +402,7 @@ class Scheduler:
                     for request in [*self._running]:
                         request.kv = None  # it may cover a token the ids lack: keep it out of the cache
                         self._finish(request, _abort_reason(f"engine step failed: {exc}", 500))
+                self._check_pause_at()
                 self._check_pending_flush()
         for request in [*self._running, *self._waiting, *self._held, *self._incoming]:
             self._finish(request, _abort_reason("engine shutting down", 503))
@@ -377,6 +411,7 @@ class Scheduler:
                 future.set_exception(RuntimeError("scheduler is stopped"))
         if self._pending_flush is not None and not self._pending_flush[1].done():
             self._pending_flush[1].set_exception(RuntimeError("scheduler is stopped"))
+        self.disarm_pause_at()
 
     def _has_work(self) -> bool:
         return not self.engine_paused and bool(self._running or self._waiting)
@@ -460,8 +495,8 @@ class Scheduler:
         if not request.output_ids:
             self.prefix_cache.insert(tokens, kv)  # the prompt, for the other samples of a group
         request.kv = kv
-        token, logprob = self._sample(logits.unsqueeze(0), [request])
-        self._append(request, token[0], logprob[0])
+        token, logprob, top = self._sample(logits.unsqueeze(0), [request])
+        self._append(request, token[0], logprob[0], top[0])
 
     def _decode(self) -> None:
         batch = list(self._running)
@@ -473,19 +508,23 @@ class Scheduler:
         self.stats.num_decoded_tokens += len(batch)
         for request, kv in zip(batch, caches):
             request.kv = kv
-        tokens, logprobs = self._sample(logits, batch)
-        for request, token, logprob in zip(batch, tokens, logprobs):
-            self._append(request, token, logprob)
+        tokens, logprobs, tops = self._sample(logits, batch)
+        for request, token, logprob, top in zip(batch, tokens, logprobs, tops):
+            self._append(request, token, logprob, top)
 
-    def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
-        specs = [SamplingSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.generator) for r in batch]
+    def _sample(self, logits: torch.Tensor, batch: list[Request]
+                ) -> tuple[list[int], list[float], list[list[tuple[float, int]]]]:
+        specs = [SamplingSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.generator,
+                              r.top_logprobs_num if r.return_logprob else 0) for r in batch]
         return self.runner.sample(logits, specs)
 
-    def _append(self, request: Request, token: int, logprob: float) -> None:
+    def _append(self, request: Request, token: int, logprob: float, top: list[tuple[float, int]]) -> None:
         # Same order as SGLang's Req.check_finished: the length limit first, then stop
         # tokens; ignore_eos skips stop_token_ids as well as EOS.
         request.output_ids.append(token)
         request.output_logprobs.append(logprob)
+        if request.top_logprobs_num > 0:
+            request.output_top_logprobs.append(top)
         params = request.params
         if len(request.output_ids) >= params.max_new_tokens:
             self._finish(request, {"type": "length", "length": params.max_new_tokens})

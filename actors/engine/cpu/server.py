@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import aiorwlock
+import orjson
 import torch
 from aiohttp import web
 
@@ -110,6 +111,7 @@ class EngineServer(WeightRoutes):
                 web.post("/abort_request", self.abort_request),
                 web.post("/pause_generation", self.pause_generation),
                 web.post("/continue_generation", self.continue_generation),
+                web.post("/debug/pause_in_place_at", self.pause_in_place_at),
                 web.post("/update_weight_version", self.update_weight_version),
                 *self.weight_routes(),
             ]
@@ -179,7 +181,8 @@ class EngineServer(WeightRoutes):
                 loop = asyncio.get_running_loop()
 
                 def on_token(req: Request, token: int, logprob: float) -> None:  # scheduler thread
-                    loop.call_soon_threadsafe(lambda: tokens.add(req, token, logprob, self.weight_version))
+                    top = req.output_top_logprobs[-1] if req.output_top_logprobs else []
+                    loop.call_soon_threadsafe(lambda: tokens.add(req, token, logprob, top, self.weight_version))
 
                 future = self._run(item, on_token)
                 future.add_done_callback(lambda _: tokens.finish(self.weight_version))
@@ -190,8 +193,8 @@ class EngineServer(WeightRoutes):
                     tokens.changed.clear()
                     if future.done() or len(tokens.ids) == sent:
                         continue
-                    chunk = stream_chunk(tokens.req, tokens.ids, tokens.logprobs, tokens.version, started,
-                                         self.tokenizer, start=sent if incremental else 0)
+                    chunk = stream_chunk(tokens.req, tokens.ids, tokens.logprobs, tokens.top_logprobs, tokens.version,
+                                         started, self.tokenizer, start=sent if incremental else 0)
                     sent = len(tokens.ids)
                     await response.write(sse_event(chunk))
                 finished = future.result()
@@ -215,7 +218,7 @@ class EngineServer(WeightRoutes):
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(req))
 
         self.scheduler.submit(Request(item.rid, item.input_ids, item.params, item.return_logprob, on_finish,
-                                      on_token=on_token))
+                                      top_logprobs_num=item.top_logprobs_num, on_token=on_token))
         return future
 
     # ---- health and discovery -----------------------------------------------------------
@@ -390,6 +393,30 @@ class EngineServer(WeightRoutes):
         async with self._pause_lock:
             await self._control(lambda: self.scheduler.pause(mode))
         return _json({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def pause_in_place_at(self, request: web.Request) -> web.StreamResponse:
+        """Not SGLang's (a test aid, Scheduler.arm_pause_at): ``{"output_tokens": N}`` pauses in
+        place once a running request has N output tokens. The answer's headers come once the pause
+        is armed (send the generation after them), its body ``{"rid", "output_tokens"}`` once it
+        has paused; a client that hangs up disarms it. Continue with /continue_generation."""
+        try:
+            output_tokens = _require(await _read_json(request), "output_tokens", int)
+        except BadRequest as exc:
+            return _error(str(exc))
+        if output_tokens < 1:
+            return _error(f"field 'output_tokens' must be at least 1, got {output_tokens}")
+        async with self._pause_lock:
+            paused = await self._control(lambda: self.scheduler.arm_pause_at(output_tokens))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        try:
+            await response.prepare(request)
+            result = await asyncio.wrap_future(paused)
+        except (asyncio.CancelledError, ConnectionError):
+            self.scheduler.call(lambda: self.scheduler.disarm_pause_at(paused))
+            raise
+        await response.write(orjson.dumps(result))
+        await response.write_eof()
+        return response
 
     async def continue_generation(self, _request: web.Request) -> web.Response:
         async with self._pause_lock:

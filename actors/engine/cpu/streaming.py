@@ -25,13 +25,15 @@ class StreamedTokens:
         self.req: Request | None = None
         self.ids: list[int] = []
         self.logprobs: list[float] = []
+        self.top_logprobs: list[list[tuple[float, int]]] = []  # per token when the request asked for them
         self.version: str | None = None  # the engine's version when the latest token arrived
         self.changed = asyncio.Event()
 
-    def add(self, req: Request, token: int, logprob: float, version: str) -> None:
+    def add(self, req: Request, token: int, logprob: float, top: list[tuple[float, int]], version: str) -> None:
         self.req = req
         self.ids.append(token)
         self.logprobs.append(logprob)
+        self.top_logprobs.append(top)
         self.version = version
         self.changed.set()
 
