@@ -215,7 +215,7 @@ class EngineServer(WeightRoutes):
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(req))
 
         self.scheduler.submit(Request(item.rid, item.input_ids, item.params, item.return_logprob, on_finish,
-                                      on_token=on_token))
+                                      on_token=on_token, logprob_start_len=item.logprob_start_len))
         return future
 
     # ---- health and discovery -----------------------------------------------------------
