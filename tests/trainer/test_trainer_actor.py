@@ -419,7 +419,7 @@ def test_an_op_that_raises_on_the_ranks_reports_rank_and_traceback_and_the_train
     error = dp2_run.op_error
     assert isinstance(error, TrainerOpError), repr(error)
     assert "trainer rank" in str(error) and "compute_logprobs failed" in str(error)
-    assert "model must be 'actor' or 'ref', got 'critic'" in str(error)
+    assert "model must be 'actor', 'ref' or 'teacher', got 'critic'" in str(error)
     assert dp2_run.alive_after_op_error
 
 
