@@ -47,6 +47,7 @@ class CompletionSpec:
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     chunk_tokens: int | None = None  # ask the engine for at most this many tokens per request
+    logprob_start_len: int | None = None  # SGLang's prompt logprobs from there on (first request only)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Completion:
     requests: int = 0
     resumes: int = 0  # continuations after a weight-sync abort
     tokens_kept_on_abort: int = 0  # what resumption saved: tokens not generated again
+    input_token_logprobs: list[Any] = field(default_factory=list)  # of the first request: the prompt's
 
     @property
     def finish_type(self) -> str:
@@ -69,8 +71,9 @@ class Completion:
         return self.weight_versions[-1] if self.weight_versions else None
 
 
-# send(input_ids, sampling_params): one engine request, SGLang's answer dict.
-SendFn = Callable[[list[int], dict[str, Any]], Awaitable[dict[str, Any]]]
+# send(input_ids, sampling_params[, logprob_start_len=]): one engine request, SGLang's answer dict
+# (the keyword only when the spec asks for prompt logprobs).
+SendFn = Callable[..., Awaitable[dict[str, Any]]]
 ProgressFn = Callable[[Completion, bool], Awaitable[None] | None]
 
 
@@ -85,6 +88,15 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
     if spec.stop and decode is None:
         raise GenerationFailed("text stop strings need a tokenizer to match them")
     out = Completion() if out is None else out
+    if spec.max_new_tokens == 0 and spec.logprob_start_len is not None:
+        # SGLang's scoring request: one prefill for the prompt's logprobs, no output token.
+        response = await send(spec.prompt_ids, {**spec.sampling_params, "max_new_tokens": 0},
+                              logprob_start_len=spec.logprob_start_len)
+        _first_request(out, response)
+        out.requests = 1
+        out.finish_reason = {"type": "length", "length": 0}
+        await _notify(on_progress, out, True)
+        return out
     while True:
         produced = len(out.output_ids)
         remaining = None if spec.max_new_tokens is None else spec.max_new_tokens - produced
@@ -97,12 +109,14 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
         ask = remaining
         if spec.chunk_tokens is not None:
             ask = spec.chunk_tokens if remaining is None else min(remaining, spec.chunk_tokens)
-        response = await send(spec.prompt_ids + out.output_ids, {**spec.sampling_params, "max_new_tokens": ask})
-        parsed = parse_generate_output(response)
+        params = {**spec.sampling_params, "max_new_tokens": ask}
+        if out.requests == 0 and spec.logprob_start_len is not None:
+            response = await send(spec.prompt_ids, params, logprob_start_len=spec.logprob_start_len)
+        else:
+            response = await send(spec.prompt_ids + out.output_ids, params)
+        parsed = _first_request(out, response) if out.requests == 0 else parse_generate_output(response)
         if parsed.logprobs is None:
             raise GenerationFailed(f"engine {response.get('engine_url')} returned no logprobs")
-        if out.requests == 0:
-            out.cached_tokens = parsed.cached_tokens
         out.requests += 1
         out.output_ids += parsed.output_ids
         out.logprobs += parsed.logprobs
@@ -133,6 +147,14 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
         break
     await _notify(on_progress, out, True)
     return out
+
+
+def _first_request(out: Completion, response: dict[str, Any]) -> GenerateOutput:
+    """What only the first request tells: the prompt's cached tokens and its logprobs."""
+    parsed = parse_generate_output(response)
+    out.cached_tokens = parsed.cached_tokens
+    out.input_token_logprobs = list((response.get("meta_info") or {}).get("input_token_logprobs") or [])
+    return parsed
 
 
 def token_versions(output: GenerateOutput) -> list[str | None]:

@@ -29,6 +29,7 @@ class RequestPath:
         rid: str | None,
         return_logprob: bool,
         trace_args: dict[str, Any] | None = None,
+        logprob_start_len: int | None = None,
     ) -> dict[str, Any]:
         retries_left = self.config.router_request_retries
         failures: list[str] = []
@@ -38,7 +39,8 @@ class RequestPath:
             sent, response = self._trace.now(), None
             pauses_before, version_at_send = engine.in_place_pauses, engine.weight_version
             try:
-                response = await self._send(engine, input_ids, sampling_params, rid, return_logprob)
+                response = await self._send(engine, input_ids, sampling_params, rid, return_logprob,
+                                            logprob_start_len)
             except EngineConnectionError as error:
                 engine.errors += 1
                 self._mark_down(engine, str(error))
@@ -73,6 +75,7 @@ class RequestPath:
         sampling_params: dict[str, Any],
         rid: str | None,
         return_logprob: bool,
+        logprob_start_len: int | None = None,
     ) -> dict[str, Any]:
         """One /generate call that the health loop can abandon: when it marks the engine down
         (a hung engine keeps connections open but never answers), the call ends with an
@@ -88,6 +91,7 @@ class RequestPath:
                 timeout=self.config.router_request_timeout,
                 stream=self.config.router_stream_generate is True,
                 version_lag=engine.version_lag,
+                logprob_start_len=logprob_start_len,
             )
         )
         engine.calls.add(call)

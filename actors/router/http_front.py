@@ -358,10 +358,11 @@ class HttpFront:
     async def _complete(self, session: _Session, spec: CompletionSpec, on_progress: Any = None) -> Completion:
         router = self._router
 
-        async def send(input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
+        async def send(input_ids: list[int], params: dict[str, Any], logprob_start_len: int | None = None) -> dict:
             # No timeout: a request waits in the router while weights sync; the router bounds
             # each engine call itself.
-            return await router.ask("generate", input_ids, params, session_id=session.id, timeout=None)
+            return await router.ask("generate", input_ids, params, session_id=session.id, timeout=None,
+                                    logprob_start_len=logprob_start_len)
 
         decode = lambda ids: self.model.decode(ids, spec.skip_special_tokens)  # noqa: E731
         return await complete(send, spec, decode, self.model.context_len, on_progress)
