@@ -178,12 +178,13 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             export_dir_check=export_dir_check(cluster, fleet, child("trainer"), run_dir / "weights"),
             colocate=config.train.colocate, trace=trace))))
 
+    teacher = None if teacher_url is None else TeacherScorer(
+        teacher_url, api_key=config.engine.engine_api_key, timeout=config.engine.engine_request_timeout)
+
     async def start_rollout():
         rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
                                tokenizer=tokenizer, vocab_size=_vocab_size(config),
-                               plugin_settings=flatten_config(config), trace=trace,
-                               teacher=teacher_url and TeacherScorer(teacher_url, api_key=config.engine.engine_api_key,
-                                                                     timeout=config.engine.engine_request_timeout))
+                               plugin_settings=flatten_config(config), trace=trace, teacher=teacher)
         # Hooks reach the router's HTTP front here (OpenAI-client agents, slime-style plug-ins).
         rollout.ctx.router_url = await child("router").ask("front_url")
         rollout.ctx.router_api_key = config.router.router_api_key
