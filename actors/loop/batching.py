@@ -94,7 +94,8 @@ def build_train_batch(
         batch.values = [list(map(float, row)) for row in values]
         batch.returns = [returns[i, : s.response_length].tolist() for i, s in enumerate(samples)]
     batch.check()
-    return batch, staleness_metrics(samples, train_version, batch.loss_masks) | masked | trajectory_metrics(samples) | opd
+    metrics = staleness_metrics(samples, train_version, batch.loss_masks) | masked | trajectory_metrics(samples)
+    return batch, metrics | opd
 
 
 def _student_logprobs(samples: Sequence[Sample], spec: AlgorithmConfig, old_logprobs: Sequence[Sequence[float]] | None,

@@ -56,8 +56,9 @@ class TrainerConfig:
     )
     opd_teacher_load: str | None = field(
         default=None,
-        metadata={"help": "--opd-type megatron: the frozen teacher the trainer ranks forward, an HF directory or a "
-                          "Megatron checkpoint (a --save step directory or its trainer/), of the policy's architecture"},
+        metadata={"help": "--opd-type megatron: the frozen teacher the trainer ranks forward, an HF directory or "
+                          "a Megatron checkpoint (a --save step directory or its trainer/), of the policy's "
+                          "architecture"},
     )
     seed: int = field(default=1234, metadata={"help": "random seed of the training ranks"})
     trainer_start_timeout: float = field(

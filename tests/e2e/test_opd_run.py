@@ -4,11 +4,13 @@ Pure distillation (--rm-type none: every reward 0, so the teacher's reverse KL i
 signal) of a tiny student by a tiny teacher of the same tokenizer and other weights:
 - fully-async with an owned engine teacher (--opd-type sglang --opd-teacher-hf-checkpoint): the
   rollout has the teacher engine score every final sample, the trained samples carry its
-  logprobs, and they are the teacher's (a transformers forward of the teacher agrees);
+  logprobs, and they are the teacher's of the final tokens (a transformers forward of the
+  teacher agrees), also for samples whose generation a weight sync aborted and resumed;
 - sync with a Megatron teacher in the trainer ranks (--opd-type megatron --opd-teacher-load).
 """
 
 import json
+import textwrap
 
 import pytest
 import torch
@@ -18,6 +20,14 @@ from examples.models.tiny import build_tiny_model, generate_corpus
 from train_process import train
 
 STEPS = 3
+
+LONG_GENERATE = textwrap.dedent('''
+    from actors.rollout.generate import default_generate
+
+    async def long_generate(ctx, sample, sampling_params):
+        # The full budget, one generation at a time: weight syncs land mid-generation (resumes).
+        return await default_generate(ctx, sample, {**sampling_params, "ignore_eos": True})
+''')
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +39,10 @@ def models(tmp_path_factory):
             "teacher": build_tiny_model(root / "teacher", seed=1, corpus=generate_corpus(0))}
 
 
-def common(models, run: str) -> list[str]:
+def common(models, max_len: int = 24) -> list[str]:
     return ["--hf-checkpoint", str(models["student"]), "--prompt-data", str(models["data"]), "--rm-type", "none",
             "--use-opd", "--opd-kl-coef", "1.0", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--num-rollout", str(STEPS), "--rollout-max-response-len", "24", "--engine-type", "cpu",
+            "--num-rollout", str(STEPS), "--rollout-max-response-len", str(max_len), "--engine-type", "cpu",
             "--micro-batch-size", "4", "--lr", "1e-4"]
 
 
@@ -40,15 +50,18 @@ def common(models, run: str) -> list[str]:
 def engine_teacher_run(models):
     root = models["root"] / "engine"
     root.mkdir()
-    return train(root, [*common(models, "engine"), "--train-mode", "fully-async", "--max-staleness", "1",
-                        "--opd-type", "sglang", "--opd-teacher-hf-checkpoint", str(models["teacher"])])
+    (root / "opd_long_generate.py").write_text(LONG_GENERATE)
+    return train(root, [*common(models, max_len=256), "--train-mode", "fully-async", "--max-staleness", "1",
+                        "--opd-type", "sglang", "--opd-teacher-hf-checkpoint", str(models["teacher"]),
+                        "--rollout-concurrency", "1",
+                        "--custom-generate-function-path", "opd_long_generate:long_generate"], import_dirs=(root,))
 
 
 @pytest.fixture(scope="module")
 def megatron_teacher_run(models):
     root = models["root"] / "megatron"
     root.mkdir()
-    return train(root, [*common(models, "megatron"), "--train-mode", "sync",
+    return train(root, [*common(models), "--train-mode", "sync",
                         "--opd-type", "megatron", "--opd-teacher-load", str(models["teacher"])])
 
 
@@ -69,7 +82,9 @@ def test_trained_samples_carry_the_teachers_logprobs_of_their_final_tokens(engin
     teacher = AutoModelForCausalLM.from_pretrained(models["teacher"], dtype=torch.float32)
     samples = engine_teacher_run["samples"]
     assert samples and all(len(s["teacher_logprobs"]) == s["response_length"] for s in samples)
-    sample = max(samples, key=lambda s: s["response_length"])
+    resumed = [s for s in samples if s["metadata"].get("resumes")]
+    assert resumed, "no weight sync landed during a generation"
+    sample = resumed[0]  # scored once final: its tokens from before and after the abort
     tokens, n = sample["tokens"], sample["response_length"]
     with torch.no_grad():
         logits = teacher(torch.tensor([tokens])).logits[0].float()
