@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from actors.rollout.teacher import TeacherScorer
 from slime_async.engine_client import EngineClient, EngineHTTPError
+from slime_async.sample import Sample
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
 
@@ -74,3 +76,24 @@ async def test_default_start_gives_the_last_input_token_only_when_generating(cli
 async def test_a_start_past_the_input_is_refused_naming_the_field(client):
     with pytest.raises(EngineHTTPError, match="logprob_start_len"):
         await score(client, PROMPT, len(PROMPT), max_new_tokens=1)
+
+
+async def test_the_opd_teacher_scorer_gets_the_response_tokens_logprobs(engine_under_test, hf_model, vocab_size):
+    # What the rollout does with a teacher engine (actors/rollout/teacher.py), here on this engine.
+    response = [5, 6, 7]
+    sample = Sample(group_index=0, index=0, tokens=PROMPT + response, response_length=3, loss_mask=[1, 1, 1],
+                    rollout_logprobs=[0.0] * 3, token_versions=[0] * 3)
+    broken = Sample(group_index=0, index=1, tokens=PROMPT + [vocab_size + 5], response_length=1, loss_mask=[1],
+                    rollout_logprobs=[0.0], token_versions=[0])
+    scorer = TeacherScorer(engine_under_test.url, api_key=engine_under_test.api_key)
+    try:
+        await scorer.score(sample)
+        await scorer.score(broken)  # the engine refuses the id: counted, the sample trains without the term
+    finally:
+        await scorer.close()
+    expected = forward_logprobs(hf_model, PROMPT + response)[-3:]
+    assert sample.teacher_logprobs == pytest.approx(expected, abs=engine_under_test.logprob_atol)
+    assert broken.teacher_logprobs is None
+    metrics = scorer.take()
+    assert metrics["rollout/opd_scored_fraction"] == pytest.approx(3 / 4)
+    assert metrics["rollout/opd_teacher_errors"] == 1.0 and metrics["rollout/opd_teacher_time"] > 0
