@@ -69,6 +69,11 @@ class AlgorithmConfig:
         gamma: discount of REINFORCE++ returns and of PPO's GAE.
         normalize_advantages: whiten scalar-estimator advantages over all masked tokens of the
             batch (REINFORCE++ variants are always whitened).
+
+    On-policy distillation (slime's flags; policies.opd)
+        use_opd / opd_type / opd_kl_coef: subtract opd_kl_coef · (log π_old − log π_teacher) from
+            every model token's advantage, after the estimator; the teacher is an engine that
+            scores the rollout ("sglang") or a frozen model in the trainer ranks ("megatron").
     """
 
     loss_type: Literal["policy_loss", "sft"] = field(default="policy_loss", metadata={"help": 'policy_loss (RL) or sft (negative log-likelihood of the response)'})
@@ -98,6 +103,9 @@ class AlgorithmConfig:
     kl_coef: float = field(default=0.0, metadata={"help": 'weight of a per-token KL-to-reference penalty in the reward (REINFORCE++ variants and ppo; the scalar estimators ignore it)'})
     gamma: float = field(default=1.0, metadata={"help": 'discount of REINFORCE++ returns and PPO GAE'})
     normalize_advantages: bool = field(default=False, metadata={"help": "whiten scalar advantages over the batch's trainable tokens (REINFORCE++ variants always are)"})
+    use_opd: bool = field(default=False, metadata={"help": "on-policy distillation: a teacher's per-token logprobs of the student's samples become an advantage term (needs --opd-type)"})
+    opd_type: Literal["sglang", "megatron"] | None = field(default=None, metadata={"help": "where the teacher runs: sglang (an engine: --opd-teacher-hf-checkpoint or --opd-teacher-url, scored during rollout) or megatron (frozen in the trainer ranks: --opd-teacher-load)"})
+    opd_kl_coef: float = field(default=1.0, metadata={"help": "weight of the OPD reverse-KL term subtracted from the advantages"})
 
     @property
     def clip_high(self) -> float:
@@ -170,7 +178,19 @@ class AlgorithmConfig:
             )
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        self._check_opd()
         return self
+
+    def _check_opd(self) -> None:
+        if self.use_opd and self.opd_type is None:
+            raise ValueError("--use-opd needs --opd-type sglang or megatron")
+        if self.opd_type is not None and not self.use_opd:
+            raise ValueError(f"--opd-type {self.opd_type} needs --use-opd")
+        _one_of("opd_type", self.opd_type, (None, "sglang", "megatron"))
+        if self.opd_kl_coef <= 0 or self.opd_kl_coef != self.opd_kl_coef:
+            raise ValueError(f"--opd-kl-coef must be > 0, got {self.opd_kl_coef}")
+        if self.use_opd and self.loss_type != "policy_loss":
+            raise ValueError("--use-opd needs --loss-type policy_loss (its term goes into the advantages)")
 
 
 def _one_of(field_name: str, value: object, allowed: tuple) -> None:

@@ -26,6 +26,17 @@ def needs_old_logprobs(spec: AlgorithmConfig) -> bool:
 
 def needs_old_for_advantages(spec: AlgorithmConfig) -> bool:
     """Whether the advantages need π_old before training: the --kl-coef reward penalty of the
-    estimators that take it (with --use-rollout-logprobs, μ stands in for π_old)."""
-    return (spec.kl_coef > 0 and not spec.use_rollout_logprobs
-            and spec.advantage_estimator in _KL_PENALISED_ESTIMATORS)
+    estimators that take it, and on-policy distillation's reverse KL (with --use-rollout-logprobs,
+    μ stands in for π_old)."""
+    return not spec.use_rollout_logprobs and (
+        spec.use_opd or (spec.kl_coef > 0 and spec.advantage_estimator in _KL_PENALISED_ESTIMATORS))
+
+
+def needs_trainer_teacher(spec: AlgorithmConfig) -> bool:
+    """Whether the trainer ranks forward a frozen teacher (--opd-type megatron) before training."""
+    return spec.use_opd and spec.opd_type == "megatron"
+
+
+def needs_engine_teacher(spec: AlgorithmConfig) -> bool:
+    """Whether the rollout has a teacher engine score every final sample (--opd-type sglang)."""
+    return spec.use_opd and spec.opd_type == "sglang"

@@ -111,7 +111,14 @@ def f1_reward(response: str, label: object) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def no_reward(response: str, label: object) -> float:
+    """0 for every response: training without a reward (pure on-policy distillation, where the
+    teacher's reverse KL is the only signal)."""
+    return 0.0
+
+
 BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "none": no_reward,
     "math": math_reward,
     "exact": exact_match_reward,
     "f1": f1_reward,

@@ -176,7 +176,7 @@ class EngineClient:
         return_logprob: bool = True,
         rid: str | None = None,
         timeout: float | None = None,
-        stream: bool = False, version_lag: int = 0, top_logprobs_num: int = 0,
+        stream: bool = False, version_lag: int = 0, top_logprobs_num: int = 0, logprob_start_len: int | None = None,
     ) -> dict[str, Any]:
         """`POST /generate` for one prompt; returns SGLang's answer dict (see `parse_generate_output`);
         ``top_logprobs_num``: each token's likeliest alternatives too (``output_top_logprobs``).
@@ -187,8 +187,9 @@ class EngineClient:
         `StreamAssembler`, which also explains ``version_lag``). An abort ends the stream like the
         plain call's answer (finish_reason abort, the tokens so far); a failure in the stream raises
         the EngineError the plain call would (EngineHTTPError with its status, EngineConnectionError
-        when the stream breaks off, EngineTimeout past ``timeout``)."""
-        payload = _generate_payload(input_ids, sampling_params, return_logprob, rid) | (
+        when the stream breaks off, EngineTimeout past ``timeout``). ``logprob_start_len``: SGLang's
+        prompt logprobs from that input position on (``meta_info.input_token_logprobs``)."""
+        payload = _generate_payload(input_ids, sampling_params, return_logprob, rid, logprob_start_len) | (
             {"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {})
         if not stream:
             return await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
@@ -544,14 +545,13 @@ def check_sampling_params(sampling_params: dict[str, Any] | list[dict[str, Any]]
                 raise ValueError(f"unknown sampling_params field {key!r}{hint}")
 
 
-def _generate_payload(input_ids: Any, sampling_params: Any, return_logprob: bool, rid: Any) -> dict[str, Any]:
+def _generate_payload(input_ids: Any, sampling_params: Any, return_logprob: bool, rid: Any,
+                      logprob_start_len: int | None = None) -> dict[str, Any]:
     """The `/generate` body for one prompt or a batch (SGLang takes lists in the same fields)."""
     check_sampling_params(sampling_params)
     payload: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params,
-                               "return_logprob": return_logprob}
-    if rid is not None:
-        payload["rid"] = rid
-    return payload
+                               "return_logprob": return_logprob, "rid": rid, "logprob_start_len": logprob_start_len}
+    return {key: value for key, value in payload.items() if value is not None}
 
 
 def _retryable(error: EngineError, retry: _Retry) -> bool:

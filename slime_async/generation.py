@@ -55,6 +55,7 @@ class CompletionSpec:
     # Text that ends the prompt but belongs to the answer (the front's forced tool-call opening):
     # not generated here, read back in front of the completion's text when it is parsed.
     answer_prefix: str = ""
+    logprob_start_len: int | None = None  # SGLang's prompt logprobs from there on (first request only)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Completion:
     text: IncrementalText | None = field(default=None, compare=False, repr=False)
     # per token its (logprob, token id) alternatives, most likely first: only with top_logprobs_num
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_logprobs: list[Any] = field(default_factory=list)  # of the first request: the prompt's
 
     @property
     def finish_type(self) -> str:
@@ -82,8 +84,9 @@ class Completion:
         return self.weight_versions[-1] if self.weight_versions else None
 
 
-# send(input_ids, sampling_params): one engine request, SGLang's answer dict.
-SendFn = Callable[[list[int], dict[str, Any]], Awaitable[dict[str, Any]]]
+# send(input_ids, sampling_params[, logprob_start_len=]): one engine request, SGLang's answer dict
+# (the keyword only when the spec asks for prompt logprobs).
+SendFn = Callable[..., Awaitable[dict[str, Any]]]
 ProgressFn = Callable[[Completion, bool], Awaitable[None] | None]
 
 
@@ -98,6 +101,15 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
     if spec.stop and decode is None:
         raise GenerationFailed("text stop strings need a tokenizer to match them")
     out = Completion() if out is None else out
+    if spec.max_new_tokens == 0 and spec.logprob_start_len is not None:
+        # SGLang's scoring request: one prefill for the prompt's logprobs, no output token.
+        response = await send(spec.prompt_ids, {**spec.sampling_params, "max_new_tokens": 0},
+                              logprob_start_len=spec.logprob_start_len)
+        _first_request(out, response)
+        out.requests = 1
+        out.finish_reason = {"type": "length", "length": 0}
+        await _notify(on_progress, out, True)
+        return out
     search = StopSearch(decode, spec.stop) if spec.stop else None
     while True:
         produced = len(out.output_ids)
@@ -111,12 +123,14 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
         ask = remaining
         if spec.chunk_tokens is not None:
             ask = spec.chunk_tokens if remaining is None else min(remaining, spec.chunk_tokens)
-        response = await send(spec.prompt_ids + out.output_ids, {**spec.sampling_params, "max_new_tokens": ask})
-        parsed = parse_generate_output(response)
+        params = {**spec.sampling_params, "max_new_tokens": ask}
+        if out.requests == 0 and spec.logprob_start_len is not None:
+            response = await send(spec.prompt_ids, params, logprob_start_len=spec.logprob_start_len)
+        else:
+            response = await send(spec.prompt_ids + out.output_ids, params)
+        parsed = _first_request(out, response) if out.requests == 0 else parse_generate_output(response)
         if parsed.logprobs is None:
             raise GenerationFailed(f"engine {response.get('engine_url')} returned no logprobs")
-        if out.requests == 0:
-            out.cached_tokens = parsed.cached_tokens
         out.requests += 1
         out.output_ids += parsed.output_ids
         out.logprobs += parsed.logprobs
@@ -152,6 +166,14 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
         break
     await _notify(on_progress, out, True)
     return out
+
+
+def _first_request(out: Completion, response: dict[str, Any]) -> GenerateOutput:
+    """What only the first request tells: the prompt's cached tokens and its logprobs."""
+    parsed = parse_generate_output(response)
+    out.cached_tokens = parsed.cached_tokens
+    out.input_token_logprobs = list((response.get("meta_info") or {}).get("input_token_logprobs") or [])
+    return parsed
 
 
 def token_versions(output: GenerateOutput) -> list[str | None]:

@@ -49,7 +49,6 @@ _SLIME_DEFAULTS: dict[str, Any] = {
     "rollout_top_p_token_offsets": None,
     "rollout_routed_experts": None,
     "remove_sample": False,
-    "teacher_log_probs": None,
     "generate_function_path": None,
     "custom_rm_path": None,
     "train_metadata": None,
@@ -84,6 +83,9 @@ class Sample:
     status: Status = Status.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
     weight_versions: list[str] = field(default_factory=list)  # slime's: engine version per finished turn
+    # On-policy distillation: the teacher engine's logprob of every response token (0.0 where
+    # loss_mask is 0), scored once the sample is final; None until then, or if it could not be.
+    teacher_logprobs: list[float] | None = None
 
     Status: ClassVar[type[Status]] = Status  # slime's spelling: Sample.Status.COMPLETED
 
@@ -104,6 +106,15 @@ class Sample:
         if name in _SLIME_DEFAULTS:
             return copy.copy(_SLIME_DEFAULTS[name])
         raise AttributeError(f"'Sample' object has no attribute {name!r}")
+
+    @property
+    def teacher_log_probs(self) -> list[float] | None:
+        """slime's name of ``teacher_logprobs``."""
+        return self.teacher_logprobs
+
+    @teacher_log_probs.setter
+    def teacher_log_probs(self, value: Any) -> None:
+        self.teacher_logprobs = None if value is None else [float(v) for v in _plain_list(value)]
 
     @property
     def rollout_log_probs(self) -> list[float]:

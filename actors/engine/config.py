@@ -71,6 +71,12 @@ class EngineConfig:
         "CPU engines exit, as SGLang 0.5.17's server dies, on a control request SGLang's scheduler asserts on "
         "(e.g. a flushing weight update while requests run) instead of refusing it with HTTP 400; off: the "
         "engine's own default ($SLIME_ASYNC_STRICT_SGLANG_PRECONDITIONS, which the test suite sets)"))
+    opd_teacher_hf_checkpoint: str | None = field(default=None, metadata=_help(
+        "--opd-type sglang: HF directory of the teacher; the run starts and supervises one engine of it (the "
+        "engine type of the policy's, on the next GPU for SGLang), never routed student traffic, never synced"))
+    opd_teacher_url: str | None = field(default=None, metadata=_help(
+        "--opd-type sglang: URL of an already-running SGLang-compatible server of the teacher (instead of "
+        "--opd-teacher-hf-checkpoint); never started or killed"))
     # Filled from --sglang-<field> flags and the [sglang] table by the config loader; forwarded
     # verbatim to sglang.launch_server (not a flag itself).
     sglang: dict[str, object] = field(default_factory=dict, metadata=_help("SGLang ServerArgs pass-through values"))
@@ -127,6 +133,11 @@ class EngineConfig:
             )
         if self.cpu_engine_threads < 0:
             raise ValueError(f"--cpu-engine-threads must be >= 0, got {self.cpu_engine_threads}")
+        if self.opd_teacher_hf_checkpoint and self.opd_teacher_url:
+            raise ValueError("--opd-teacher-hf-checkpoint and --opd-teacher-url exclude each other: the teacher is "
+                             "an engine this run starts, or one already running")
+        if self.opd_teacher_url is not None and not self.opd_teacher_url.strip():
+            raise ValueError("--opd-teacher-url must not be empty")
         owned = sorted(set(self.sglang) & set(RUNTIME_OWNED_SGLANG_FIELDS))
         if owned:
             name = owned[0]

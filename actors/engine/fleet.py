@@ -132,6 +132,30 @@ async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, g
     return fleet
 
 
+async def build_teacher(config: EngineConfig, kind: str, log_dir: Path, *, first_gpu: int = 0,
+                        gpu_count: int = 0) -> tuple[str, list[ChildSpec]]:
+    """On-policy distillation's teacher engine: ``(url, children)``. --opd-teacher-url: that server
+    (checked to answer, no child); --opd-teacher-hf-checkpoint: one owned engine of it, of ``kind``
+    (cpu, or sglang on GPU ``first_gpu``, after the policy's engines), to supervise beside them. It
+    is not one of the fleet's URLs, so the router never sends it student traffic and weight syncs
+    never reach it."""
+    if config.opd_teacher_url:
+        async with aiohttp.ClientSession() as session:
+            info = await discover_external_engine(config.opd_teacher_url, session, config.engine_api_key)
+        return info.url, []
+    model_path = config.opd_teacher_hf_checkpoint
+    host = config.engine_host
+    port = free_port(host)
+    if kind == "sglang":
+        check_gpu_budget(first_gpu, 1, gpu_count)
+        spec = sglang_process_spec("teacher-engine", model_path, host=host, port=port, tp_size=1,
+                                   base_gpu_id=first_gpu, passthrough=config.sglang, env=nccl_env_defaults(),
+                                   ready_timeout=config.engine_start_timeout)
+    else:
+        spec = cpu_engine_spec("teacher-engine", model_path, host, port, config)
+    return f"http://{host}:{port}", [ChildSpec(spec.name, _starter(spec, log_dir, LocalNode(host)))]
+
+
 def _starter(spec: ProcessSpec, log_dir: Path, node: Node):
     async def start():
         return await spawn(node.process(spec, log_dir))

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from actors.loop.opd import add_opd_term
 from policies.advantages import compute_advantages
 from policies.gae import ppo_advantages
 from policies.kl import kl_estimate
@@ -36,6 +37,7 @@ def build_train_batch(
     old_logprobs: Sequence[Sequence[float]] | None = None,
     values: Sequence[Sequence[float]] | None = None,
     lambd: float = 1.0,
+    teacher_logprobs: Sequence[Sequence[float]] | None = None,
 ) -> tuple[Batch, dict[str, float]]:
     """The trainer batch for ``groups`` and the ``rollout/staleness_*`` metrics.
 
@@ -43,7 +45,9 @@ def build_train_batch(
     than ``max_staleness`` versions before ``train_version`` get loss_mask 0 — the older part of
     a resumed partial rollout. ``old_logprobs`` (π_old, the trainer's recompute) go into the
     batch; the REINFORCE++ KL penalty is ``--kl-loss-type`` of π_old (μ with
-    ``--use-rollout-logprobs``) against π_ref, as in slime.
+    ``--use-rollout-logprobs``) against π_ref, as in slime. With --use-opd the reverse KL to the
+    teacher (``teacher_logprobs``, or each sample's own from the teacher engine) is subtracted
+    from the advantages last (actors/loop/opd.py).
     """
     samples = [sample for group in groups for sample in group]
     width = max((s.response_length for s in samples), default=0)
@@ -58,12 +62,7 @@ def build_train_batch(
     group_ids = torch.tensor([s.group_index for s in samples])
     kl = None
     if ref_logprobs is not None and spec.kl_coef > 0:
-        if spec.use_rollout_logprobs:
-            policy = _pad([s.rollout_logprobs for s in samples], width)
-        elif old_logprobs is not None:
-            policy = _pad(old_logprobs, width)
-        else:
-            raise ValueError("the --kl-coef penalty needs the trainer's π_old logprobs (or --use-rollout-logprobs)")
+        policy = _student_logprobs(samples, spec, old_logprobs, width, "the --kl-coef penalty")
         kl = kl_estimate(policy, _pad(ref_logprobs, width), spec.kl_loss_type)
     returns = None
     if spec.advantage_estimator == "ppo":
@@ -77,6 +76,10 @@ def build_train_batch(
     else:
         advantages = compute_advantages(spec.advantage_estimator, rewards, group_ids, loss_mask, kl=kl,
                                         kl_coef=spec.kl_coef, gamma=spec.gamma, normalize=spec.normalize_advantages)
+    opd: dict[str, float] = {}
+    if spec.use_opd:
+        student = _student_logprobs(samples, spec, old_logprobs, width, "on-policy distillation (--use-opd)")
+        advantages, opd = add_opd_term(advantages, samples, loss_mask, student, teacher_logprobs, spec.opd_kl_coef)
     batch = batch_from_samples(
         samples,
         advantages=[advantages[i, : s.response_length].tolist() for i, s in enumerate(samples)],
@@ -91,7 +94,18 @@ def build_train_batch(
         batch.values = [list(map(float, row)) for row in values]
         batch.returns = [returns[i, : s.response_length].tolist() for i, s in enumerate(samples)]
     batch.check()
-    return batch, staleness_metrics(samples, train_version, batch.loss_masks) | masked | trajectory_metrics(samples)
+    metrics = staleness_metrics(samples, train_version, batch.loss_masks) | masked | trajectory_metrics(samples)
+    return batch, metrics | opd
+
+
+def _student_logprobs(samples: Sequence[Sample], spec: AlgorithmConfig, old_logprobs: Sequence[Sequence[float]] | None,
+                      width: int, what: str) -> torch.Tensor:
+    """The policy's logprobs an advantage term compares: π_old, or μ with --use-rollout-logprobs."""
+    if spec.use_rollout_logprobs:
+        return _pad([s.rollout_logprobs for s in samples], width)
+    if old_logprobs is None:
+        raise ValueError(f"{what} needs the trainer's π_old logprobs (or --use-rollout-logprobs)")
+    return _pad(old_logprobs, width)
 
 
 async def trainer_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]], temperature: float,

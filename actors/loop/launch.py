@@ -19,7 +19,7 @@ from pathlib import Path
 
 from actors.buffer import BufferActor
 from actors.critic.config import critic_checkpoint, critic_trainer_config
-from actors.engine.fleet import build_fleet
+from actors.engine.fleet import build_fleet, build_teacher
 from actors.loop.placement import export_dir_check, in_cluster
 from actors.loop.run_checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
 from actors.loop.critic import uses_critic
@@ -30,6 +30,7 @@ from actors.weight_sync.actor import WeightSyncActor
 from actors.monitor import MonitorActor
 from actors.rollout.actor import RolloutActor
 from actors.rollout.data import PromptDataset, eval_datasets, prompt_dataset
+from actors.rollout.teacher import TeacherScorer
 from actors.router.actor import RouterActor
 from actors.router.text_model import TextModel
 from actors.trainer.actor import TrainerActor
@@ -41,6 +42,7 @@ from slime_async.runtime import EXIT_FAILURE, run, run_supervised
 from slime_async.cluster.nodes import Cluster
 from slime_async.supervisor import ChildSpec, Supervisor
 from slime_async.trace import TraceRecorder
+from policies.requirements import needs_engine_teacher
 
 log = logging.getLogger("slime_async")
 
@@ -145,13 +147,15 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
                               nodes=cluster.nodes, trainer_nodes=config.trainer.actor_num_nodes,
                               delta_receivers=config.train.update_weight_transport == "delta")
     log.info("engines (%s): %s", fleet.kind, ", ".join(fleet.urls))
+    teacher_url, teacher_children = await opd_teacher(config, fleet.kind, logs, first_gpu=trainer_gpus,
+                                                      gpu_available=gpu_available)
 
     def child(name: str):
         return root.child(name)
 
     specs = [
         ChildSpec("engines", lambda: spawn(Supervisor(
-            "engines", fleet.children, max_restarts=config.cluster.supervisor_max_restarts,
+            "engines", fleet.children + teacher_children, max_restarts=config.cluster.supervisor_max_restarts,
             max_seconds=config.cluster.supervisor_max_seconds))),
         ChildSpec("router", lambda: spawn(RouterActor(config.router, fleet.urls,
                                                       api_key=config.engine.engine_api_key,
@@ -174,10 +178,13 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             export_dir_check=export_dir_check(cluster, fleet, child("trainer"), run_dir / "weights"),
             colocate=config.train.colocate, trace=trace))))
 
+    teacher = None if teacher_url is None else TeacherScorer(
+        teacher_url, api_key=config.engine.engine_api_key, timeout=config.engine.engine_request_timeout)
+
     async def start_rollout():
         rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
                                tokenizer=tokenizer, vocab_size=_vocab_size(config),
-                               plugin_settings=flatten_config(config), trace=trace)
+                               plugin_settings=flatten_config(config), trace=trace, teacher=teacher)
         # Hooks reach the router's HTTP front here (OpenAI-client agents, slime-style plug-ins).
         rollout.ctx.router_url = await child("router").ask("front_url")
         rollout.ctx.router_api_key = config.router.router_api_key
@@ -218,6 +225,24 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
 
     return await run_supervised(root, main)
 
+
+
+async def opd_teacher(config: RunConfig, kind: str, logs: Path, *, first_gpu: int,
+                      gpu_available: bool) -> tuple[str | None, list[ChildSpec]]:
+    """--opd-type sglang: the teacher engine's URL and the child that runs it (owned); else nothing."""
+    if not needs_engine_teacher(config.algorithm):
+        return None, []
+    import importlib.util
+
+    import torch
+
+    if kind == "external":  # the policy's engines are not ours: the teacher takes what this host runs
+        kind = "sglang" if gpu_available and importlib.util.find_spec("sglang") is not None else "cpu"
+    engine_gpus = config.engine.rollout_num_gpus if kind == "sglang" else 0
+    url, children = await build_teacher(config.engine, kind, logs, first_gpu=first_gpu + engine_gpus,
+                                        gpu_count=torch.cuda.device_count() if gpu_available else 0)
+    log.info("on-policy distillation teacher: %s", url)
+    return url, children
 
 
 def critic_gpu_offset(config: RunConfig, policy_gpus: int, gpu_count: int) -> int:

@@ -10,6 +10,7 @@ import time
 
 from actors.loop.batching import advantage_logprobs, build_train_batch
 from actors.loop.debug_dump import load_groups
+from actors.loop.opd import trainer_teacher_logprobs
 from slime_async.actor import ActorRef
 from actors.loop.run_config import RunConfig
 
@@ -25,7 +26,9 @@ async def replay_loop(config: RunConfig, *, trainer: ActorRef, monitor: ActorRef
         batch, metrics = build_train_batch(groups, config.algorithm, train_version=step - 1, temperature=temperature,
                                            max_staleness=config.buffer.max_staleness,
                                            mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout,
-                                           ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
+                                           ref_logprobs=ref_logprobs, old_logprobs=old_logprobs,
+                                           teacher_logprobs=await trainer_teacher_logprobs(trainer, groups,
+                                                                                            config.algorithm))
         train_metrics = await trainer.ask("train_step", batch, config.algorithm,
                                           max_response_len=config.rollout.rollout_max_response_len, timeout=None)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})

@@ -15,6 +15,7 @@ from actors.buffer import BufferConfig, default_capacity
 from actors.critic.config import CriticConfig, check_run as check_critic_run
 from actors.engine.config import RUNTIME_OWNED_SGLANG_FIELDS, EngineConfig
 from actors.loop.config import TrainConfig
+from actors.loop.opd_config import check_opd, preflight_opd
 from actors.megatron.config import TrainerConfig
 from actors.monitor import MonitorConfig
 from actors.rollout.config import RolloutConfig
@@ -61,9 +62,13 @@ class RunConfig:
                          debug_rollout_only=train.debug_rollout_only, debug_train_only=train.debug_train_only)
         if train.colocate:
             self._check_colocate()
+        check_opd(self)
         if self.algorithm.advantage_estimator == "ppo" and self.trainer.actor_num_nodes > 1:
             raise ValueError("--actor-num-nodes > 1 with --advantage-estimator ppo: PPO's critic group runs on "
                              "the head's node only (not yet across nodes)")
+
+    def preflight(self) -> None:
+        preflight_opd(self)
 
     def _check_colocate(self) -> None:
         """--colocate puts every engine TP worker on a trainer rank's device: the same number of each."""

@@ -19,6 +19,7 @@ from actors.loop.batching import advantage_logprobs, build_train_batch
 from actors.loop.run_checkpoint import RunCheckpointer
 from actors.loop.critic import critic_values, train_critic, trains_policy, uses_critic
 from actors.loop.debug_dump import dump_groups
+from actors.loop.opd import trainer_teacher_logprobs
 from actors.loop.run_config import RunConfig
 from slime_async.actor import ActorRef
 from slime_async.task_group import gather_or_cancel, task_group
@@ -81,10 +82,11 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
             if h.trainer is not None:
                 ref_logprobs, old_logprobs = await advantage_logprobs(h.trainer, groups, spec, temperature)
             values = await critic_values(h.trainer, groups, temperature) if h.trainer and uses_critic(spec) else None
+            teacher = await trainer_teacher_logprobs(h.trainer, groups, spec)  # --opd-type megatron
             batch, metrics = build_train_batch(
                 groups, spec, train_version=version, temperature=temperature, max_staleness=config.buffer.max_staleness,
                 mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout, ref_logprobs=ref_logprobs,
-                old_logprobs=old_logprobs, values=values, lambd=config.critic.lambd)
+                old_logprobs=old_logprobs, values=values, lambd=config.critic.lambd, teacher_logprobs=teacher)
             metrics.update(colocated)
             if config.train.save_debug_rollout_data:
                 dump_groups(config.train.save_debug_rollout_data, step + 1, groups)

@@ -102,3 +102,19 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: Any, sc
     if rng is not None:
         _set_rng_state(rng)
     return dict(loaded.get("extra", {}))
+
+
+def megatron_checkpoint_dir(path: str | Path) -> Path | None:
+    """``path`` itself, or its ``trainer/`` (a run checkpoint's step directory), when it is a
+    Megatron distributed checkpoint; None otherwise (e.g. an HF directory)."""
+    for candidate in (Path(path), Path(path) / "trainer"):
+        if candidate.is_dir() and dist_checkpointing.check_is_distributed_checkpoint(str(candidate)):
+            return candidate
+    return None
+
+
+def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:
+    """Collective: only the model's weights of a checkpoint :func:`save_checkpoint` wrote (a frozen
+    teacher needs neither the optimizer nor the RNG). ``model``: the unwrapped GPTModel."""
+    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(path))
+    model.load_state_dict(loaded["model"])

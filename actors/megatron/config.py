@@ -54,6 +54,12 @@ class TrainerConfig:
         metadata={"help": "keep a frozen reference model (--ref-load, else the initial weights); on by itself when "
                                 "--use-kl-loss or --kl-coef needs one"},
     )
+    opd_teacher_load: str | None = field(
+        default=None,
+        metadata={"help": "--opd-type megatron: the frozen teacher the trainer ranks forward, an HF directory or "
+                          "a Megatron checkpoint (a --save step directory or its trainer/), of the policy's "
+                          "architecture"},
+    )
     seed: int = field(default=1234, metadata={"help": "random seed of the training ranks"})
     trainer_start_timeout: float = field(
         default=300.0, metadata={"help": "seconds for the ranks to build the model and join the RPC group"}
@@ -130,6 +136,10 @@ class TrainerConfig:
             require_hf_model_dir(self.hf_checkpoint, "--hf-checkpoint")
         if self.ref_load:
             require_hf_model_dir(self.ref_load, "--ref-load", tokenizer=False)
+        if self.opd_teacher_load:
+            from slime_async.config.paths import require_dir
+
+            require_dir(self.opd_teacher_load, "--opd-teacher-load")
 
     def num_ranks(self, cuda: bool) -> int:
         """Training ranks per node: GPUs with CUDA, processes without."""
@@ -143,7 +153,7 @@ class TrainerConfig:
 
     def with_absolute_paths(self) -> TrainerConfig:
         """This config with its checkpoint paths resolved against the current directory."""
-        absolute = {name: str(Path(value).resolve()) for name in ("hf_checkpoint", "ref_load")
+        absolute = {name: str(Path(value).resolve()) for name in ("hf_checkpoint", "ref_load", "opd_teacher_load")
                     if (value := getattr(self, name))}
         return replace(self, **absolute)
 

@@ -30,6 +30,7 @@ from actors.rollout.generate import TRAJECTORY_SESSION, GenerateContext, default
 from actors.rollout.hooks import load_function
 from actors.rollout.rewards import RewardScorer
 from actors.rollout.slime_plugins import SlimePlugins
+from actors.rollout.teacher import TeacherScorer
 from policies.concurrency import OVERSUBSCRIPTION, UNKNOWN_ENGINE_SLOTS, group_slots, rollout_concurrency
 from policies.sampling_filters import BUILTIN_FILTERS
 from slime_async.actor import Actor, ActorRef
@@ -68,12 +69,15 @@ class RolloutActor(Actor):
 
     def __init__(self, config: RolloutConfig, *, router: ActorRef, buffer: ActorRef, dataset: Any,
                  tokenizer: Any, vocab_size: int | None = None, name: str | None = None,
-                 plugin_settings: dict[str, Any] | None = None, trace: TraceRecorder | None = None):
+                 plugin_settings: dict[str, Any] | None = None, trace: TraceRecorder | None = None,
+                 teacher: TeacherScorer | None = None):
         """``plugin_settings``: the whole run config flattened (``flatten_config``), which slime-style
         hooks read as ``args``; without it they see the rollout section only. ``trace``
-        (--trace-dir): generations, rewards and the waits for room in the buffer become spans."""
+        (--trace-dir): generations, rewards and the waits for room in the buffer become spans.
+        ``teacher`` (--opd-type sglang): scores every training sample once it is final."""
         super().__init__(name)
         self.config = config
+        self.teacher = teacher
         self.buffer = buffer
         self.dataset = dataset
         self.ctx = GenerateContext(router, tokenizer, config, vocab_size, trace=trace or TraceRecorder.off())
@@ -119,6 +123,8 @@ class RolloutActor(Actor):
 
     async def on_stop(self) -> None:
         self.scorer.close()
+        if self.teacher is not None:
+            await self.teacher.close()
 
     # ----- handlers ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -170,6 +176,8 @@ class RolloutActor(Actor):
             out["rollout/reward_mean"] = sum(window.rewards) / n
             out["rollout/response_len_mean"] = sum(window.response_lengths) / n
             out["rollout/truncated_ratio"] = window.truncated / n
+        if self.teacher is not None:
+            out.update(self.teacher.take())
         for name, value in _means(window.hook_metrics).items():
             out.setdefault(f"rollout/{name}", value)  # a hook's name never hides a built-in metric
         return out
@@ -322,7 +330,10 @@ class RolloutActor(Actor):
         params = self.sampling_params()
         try:
             if self.group_fn is not None:
-                return list(await self.group_fn(self.ctx, samples, params))
+                group = list(await self.group_fn(self.ctx, samples, params))
+                if self.teacher is not None:
+                    await gather_or_cancel(*(self.teacher.score(sample) for sample in group))
+                return group
             results = await gather_or_cancel(*(self._generate_sample(sample, params) for sample in samples))
         except BaseException:
             self._forget_recordings(samples)
@@ -359,6 +370,9 @@ class RolloutActor(Actor):
             if not s.response and s.response_length and self.ctx.tokenizer is not None:
                 # Reward functions read the text (slime's do); decoded as the built-in rewards read it.
                 s.response = self.ctx.tokenizer.decode(s.response_tokens, skip_special_tokens=True)
+        if self.teacher is not None and not evaluation:
+            # Final now (resumes are behind it): scored while the group's other samples generate.
+            await gather_or_cancel(*(self.teacher.score(s) for s in (result if isinstance(result, list) else [result])))
         return result
 
     def _busy_change(self, delta: int) -> None:

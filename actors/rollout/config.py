@@ -63,8 +63,9 @@ class RolloutConfig:
         HOOK + "async def rm(ctx, sample) -> float (with --group-rm: rm(ctx, samples) -> list[float]); "
         "slime's rm(args, sample) runs too"))
     rm_type: str = field(default="math", metadata=_help(
-        "built-in reward when --custom-rm-path is unset: math, exact, f1, or reasoning_gym (the task's own scorer "
-        "on rows written by slime-async prepare-reasoning-gym)"))
+        "built-in reward when --custom-rm-path is unset: math, exact, f1, reasoning_gym (the task's own scorer "
+        "on rows written by slime-async prepare-reasoning-gym), or none (0 for every sample, rows need no label: "
+        "pure on-policy distillation with --use-opd)"))
     group_rm: bool = field(default=False, metadata=_help("the custom reward function scores a whole group at once"))
     reward_timeout: float = field(default=30.0, metadata=_help("seconds before a reward call counts as failed"))
     on_reward_error: Literal["zero", "drop"] = field(default="zero", metadata=_help(

@@ -332,7 +332,8 @@ def prompt_dataset(config: RolloutConfig, path: str | Path, tokenizer: Any, *, s
     return PromptDataset(path, tokenizer=tokenizer, input_key=config.input_key, label_key=config.label_key,
                          metadata_key=config.metadata_key, apply_chat_template=config.apply_chat_template,
                          apply_chat_template_kwargs=config.apply_chat_template_kwargs,
-                         max_context_len=config.rollout_max_context_len, require_label=not config.custom_rm_path,
+                         max_context_len=config.rollout_max_context_len,
+                         require_label=not config.custom_rm_path and config.rm_type != "none",
                          shuffle=shuffle, seed=config.rollout_seed, num_epoch=num_epoch)
 
 

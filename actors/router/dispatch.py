@@ -30,6 +30,7 @@ class RequestPath:
         return_logprob: bool,
         trace_args: dict[str, Any] | None = None,
         top_logprobs_num: int = 0,
+        logprob_start_len: int | None = None,
     ) -> dict[str, Any]:
         retries_left = self.config.router_request_retries
         failures: list[str] = []
@@ -39,7 +40,8 @@ class RequestPath:
             sent, response = self._trace.now(), None
             pauses_before, version_at_send = engine.in_place_pauses, engine.weight_version
             try:
-                response = await self._send(engine, input_ids, sampling_params, rid, return_logprob, top_logprobs_num)
+                response = await self._send(engine, input_ids, sampling_params, rid, return_logprob,
+                                            top_logprobs_num, logprob_start_len)
             except EngineConnectionError as error:
                 engine.errors += 1
                 self._mark_down(engine, str(error))
@@ -75,6 +77,7 @@ class RequestPath:
         rid: str | None,
         return_logprob: bool,
         top_logprobs_num: int = 0,
+        logprob_start_len: int | None = None,
     ) -> dict[str, Any]:
         """One /generate call that the health loop can abandon: when it marks the engine down
         (a hung engine keeps connections open but never answers), the call ends with an
@@ -91,6 +94,7 @@ class RequestPath:
                 stream=self.config.router_stream_generate is True,
                 version_lag=engine.version_lag,
                 top_logprobs_num=top_logprobs_num,
+                logprob_start_len=logprob_start_len,
             )
         )
         engine.calls.add(call)

@@ -379,12 +379,13 @@ class HttpFront:
     async def _complete(self, session: _Session, spec: CompletionSpec, on_progress: Any = None) -> Completion:
         router = self._router
 
-        async def send(input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
+        async def send(input_ids: list[int], params: dict[str, Any], logprob_start_len: int | None = None) -> dict:
             # No timeout: a request waits in the router while weights sync; the router bounds
             # each engine call itself.
             return await self.stats.engine_call(
                 router.ask("generate", input_ids, params, session_id=session.id,
-                           top_logprobs_num=spec.top_logprobs_num, timeout=None))
+                           top_logprobs_num=spec.top_logprobs_num, logprob_start_len=logprob_start_len,
+                           timeout=None))
 
         decode = lambda ids: self.model.decode(ids, spec.skip_special_tokens)  # noqa: E731
         return await complete(send, spec, decode, self.model.context_len, on_progress)
@@ -428,19 +429,16 @@ class HttpFront:
     def _choice(self, completion: Completion, spec: CompletionSpec, parse_tools: bool, logprobs: bool,
                 final: bool = True) -> ChoiceOut:
         """The answer's choice; while streaming (not ``final``) only its tokens, the text is the stream's."""
+        token_texts = [self.model.token_text(t) for t in completion.output_ids] if logprobs else []
+        tops = self.top_texts(completion) if logprobs and spec.top_logprobs_num else []
         if not final:
-            return ChoiceOut(completion, "", [], self._token_texts(completion) if logprobs else [])
+            return ChoiceOut(completion, "", [], token_texts, tops)
         text = self._text(completion, spec)
         calls: list = []
         if parse_tools:
             content, calls = parse_tool_calls(spec.answer_prefix + text, self.model.tool_parser)
             text = content or ""
-        token_texts = self._token_texts(completion) if logprobs else []
-        tops = self.top_texts(completion) if logprobs and spec.top_logprobs_num else []
         return ChoiceOut(completion, text, calls, token_texts, tops)
-
-    def _token_texts(self, completion: Completion) -> list[str]:
-        return [self.model.token_text(t) for t in completion.output_ids]
 
     def top_texts(self, completion: Completion, start: int = 0, end: int | None = None
                   ) -> list[list[tuple[str, float]]]:

@@ -2,7 +2,8 @@
 
 Accepts what SGLang's ``GenerateReqInput`` accepts for text generation — ``text`` or
 ``input_ids`` (one prompt or a batch), ``sampling_params`` (one for all or one per prompt),
-``return_logprob``, ``top_logprobs_num``, ``rid``, ``stream`` — and answers in SGLang's format. Text ``stop`` strings
+``return_logprob`` (with ``logprob_start_len``: the prompt's logprobs, passed to the engine),
+``top_logprobs_num``, ``rid``, ``stream`` — and answers in SGLang's format. Text ``stop`` strings
 and ``no_stop_trim`` are handled by the front (see completion.py), everything else in
 ``sampling_params`` goes to the engines. Errors are SGLang's ``{"error": {"message": ...}}``.
 """
@@ -19,12 +20,13 @@ from slime_async.generate_request import per_request
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 
-# GenerateReqInput fields that change nothing here (logprob options that only matter when
-# prompt logprobs are returned, which the engines do not send through us).
-_IGNORED = {"logprob_start_len", "return_text_in_logprobs", "log_metrics", "bootstrap_host", "bootstrap_port",
+# GenerateReqInput fields that change nothing here (token text in the logprob entries is never
+# returned; the rest are SGLang deployment options).
+_IGNORED = {"return_text_in_logprobs", "log_metrics", "bootstrap_host", "bootstrap_port",
             "bootstrap_room", "data_parallel_rank", "custom_logit_processor", "lora_path", "priority",
             "return_hidden_states", "session_params", "modalities", "stream_output"}
 _FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "rid", "stream", "top_logprobs_num",
+           "logprob_start_len",
            "token_ids_logprob", "image_data", "audio_data", "video_data", "input_embeds"} | _IGNORED
 
 
@@ -72,6 +74,7 @@ def parse_generate(body: Any, encode: Callable[[str], list[int]]) -> tuple[list[
     logprob_flags = per_request(body.get("return_logprob"), n, "return_logprob", bool, NativeError)
     rids = per_request(body.get("rid"), n, "rid", str, NativeError)
     top_nums = per_request(body.get("top_logprobs_num"), n, "top_logprobs_num", int, NativeError)
+    starts = per_request(body.get("logprob_start_len"), n, "logprob_start_len", int, NativeError)
     items = []
     for i, ids in enumerate(prompts):
         where = f"sampling_params[{i}]" if is_batch else "sampling_params"
@@ -80,6 +83,9 @@ def parse_generate(body: Any, encode: Callable[[str], list[int]]) -> tuple[list[
         if isinstance(top, bool) or top < 0:
             raise NativeError(f"top_logprobs_num must be a non-negative integer, got {top!r}")
         spec.top_logprobs_num = top if logprob_flags[i] else 0  # SGLang returns them only with return_logprob
+        if logprob_flags[i] and starts[i] is not None and starts[i] != -1:
+            # Prompt logprobs: passed to the engine, which checks the start (SGLang's message).
+            spec.logprob_start_len = starts[i]
         rid = rids[i] or uuid.uuid4().hex
         for k in range(samples):
             items.append(NativeItem(rid if samples == 1 else f"{rid}-{k}", spec, bool(logprob_flags[i])))
@@ -133,7 +139,7 @@ def generate_response(item: NativeItem, completion: Completion, text: str, *, fi
     }
     if item.return_logprob:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(completion.logprobs, completion.output_ids)]
-        meta["input_token_logprobs"] = []
+        meta["input_token_logprobs"] = list(completion.input_token_logprobs)
         if item.spec.top_logprobs_num:
             meta["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in top] for top in completion.top_logprobs]
             meta["input_top_logprobs"] = []

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from actors.megatron.bridge import hf_vocab_size_of, load_hf_weights, save_hf_checkpoint, unwrap_model
+from actors.megatron.checkpoint import load_model_weights, megatron_checkpoint_dir
 from actors.megatron.config import TrainerConfig
 from actors.megatron.rank import MegatronRank, all_finite, all_ranks_agree, response_tensors
 from actors.trainer.residency import DeviceResidency
@@ -69,6 +70,10 @@ class TrainerOps(DeviceResidency, MegatronRank):
         self.ref_state: dict[str, torch.Tensor] | None = None
         if config.use_reference or config.ref_load:
             self.set_reference_model(config.ref_load)
+        # --opd-type megatron: the frozen teacher's weights, swapped in for its forward passes.
+        self.teacher_state: dict[str, torch.Tensor] | None = None
+        if config.opd_teacher_load:
+            self.teacher_state = self._frozen_state(config.opd_teacher_load)
 
     def _adapt_head(self, model: torch.nn.Module) -> None:
         config = self.config
@@ -109,13 +114,16 @@ class TrainerOps(DeviceResidency, MegatronRank):
     def compute_logprobs(self, batch: Batch, model: str = "actor") -> list[SampleLogprobs] | None:
         """Logprobs (at ``batch.temperature``) and entropy of every response token of this shard.
 
-        ``model="ref"`` uses the frozen reference weights. Answered by the reporting rank of
-        each DP group (others return None).
+        ``model="ref"`` uses the frozen reference weights, ``"teacher"`` the OPD teacher's
+        (--opd-teacher-load). Answered by the reporting rank of each DP group (others return None).
         """
-        if model not in ("actor", "ref"):
-            raise ValueError(f"compute_logprobs: model must be 'actor' or 'ref', got {model!r}")
+        frozen = {"actor": None, "ref": self.ref_state, "teacher": self.teacher_state}
+        if model not in frozen:
+            raise ValueError(f"compute_logprobs: model must be 'actor', 'ref' or 'teacher', got {model!r}")
         if model == "ref" and self.ref_state is None:
             raise ValueError("compute_logprobs(model='ref') but no reference model is set (--use-reference / --ref-load)")
+        if model == "teacher" and self.teacher_state is None:
+            raise ValueError("compute_logprobs(model='teacher') but no teacher is loaded (--opd-teacher-load)")
         micro_batches = self._micro_batches(batch)
 
         def loss_fn(mb: dict[str, Any], logits: torch.Tensor):
@@ -128,8 +136,8 @@ class TrainerOps(DeviceResidency, MegatronRank):
 
         self.ddp.eval()
         try:
-            if model == "ref":
-                with self._weights_swapped(self.ref_state):
+            if frozen[model] is not None:
+                with self._weights_swapped(frozen[model]):
                     outputs = self._run(micro_batches, loss_fn, forward_only=True)
             else:
                 outputs = self._run(micro_batches, loss_fn, forward_only=True)
@@ -212,10 +220,21 @@ class TrainerOps(DeviceResidency, MegatronRank):
         if hf_dir is None:
             self.ref_state = {n: p.detach().clone() for n, p in self._params().items()}
             return
+        self.ref_state = self._frozen_state(hf_dir)
+
+    @torch.no_grad()
+    def _frozen_state(self, path: str) -> dict[str, torch.Tensor]:
+        """The weights of an HF directory or a Megatron checkpoint (this model's architecture),
+        loaded through the model and copied out; the model keeps its own weights."""
         current = {n: p.detach().clone() for n, p in self._params().items()}
-        load_hf_weights(unwrap_model(self.ddp), hf_dir)
-        self.ref_state = {n: p.detach().clone() for n, p in self._params().items()}
+        megatron_dir = megatron_checkpoint_dir(path)
+        if megatron_dir is not None:
+            load_model_weights(megatron_dir, unwrap_model(self.ddp))
+        else:
+            load_hf_weights(unwrap_model(self.ddp), path)
+        frozen = {n: p.detach().clone() for n, p in self._params().items()}
         self._copy_in(current)
+        return frozen
 
     @torch.no_grad()
     def _copy_in(self, state: dict[str, torch.Tensor]) -> None:

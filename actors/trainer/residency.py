@@ -38,7 +38,7 @@ PARTS = ("optimizer", "grads", "params")
 
 class DeviceResidency:
     """Mixin of the policy's rank (TrainerOps): uses its ``ddp``, ``optimizer``, ``weights``
-    (bucket size and engine dtype), ``ref_state`` and ``_refuse_non_finite_weights``."""
+    (bucket size and engine dtype), ``ref_state``, ``teacher_state`` and ``_refuse_non_finite_weights``."""
 
     _offloaded: frozenset[str] = frozenset()
     _export: Iterator[list[tuple[str, torch.Tensor]]] | None = None
@@ -120,8 +120,11 @@ class DeviceResidency:
         move = {"move_params": "params" in parts, "move_grads": "grads" in parts}
         for buffer in buffers:
             (buffer.offload_to_cpu if to_host else buffer.reload_from_cpu)(**move)
-        if "params" in parts and self.ref_state is not None:
-            self.ref_state = {name: t.to(device, non_blocking=True) for name, t in self.ref_state.items()}
+        if "params" in parts:  # the frozen copies (reference, OPD teacher) go with the weights
+            if self.ref_state is not None:
+                self.ref_state = {name: t.to(device, non_blocking=True) for name, t in self.ref_state.items()}
+            if self.teacher_state is not None:
+                self.teacher_state = {name: t.to(device, non_blocking=True) for name, t in self.teacher_state.items()}
         torch.cuda.synchronize()
         if to_host:
             torch.cuda.empty_cache()

@@ -99,6 +99,7 @@ async def test_a_sample_with_an_extra_attribute_survives_a_checkpoint_round_trip
     sample.append_response_tokens(None, tokens=[5], log_probs=[-0.1], meta_info=model_turn([5]))
     sample.tool_call_count = 2
     sample.reward = 1.0
+    sample.teacher_log_probs = [-0.5]  # slime's name of the OPD teacher's logprobs
     buffer = await spawn(BufferActor(BufferConfig(buffer_capacity=4), groups_per_step=1))
     restored = await spawn(BufferActor(BufferConfig(buffer_capacity=4), groups_per_step=1))
     try:
@@ -112,3 +113,11 @@ async def test_a_sample_with_an_extra_attribute_survives_a_checkpoint_round_trip
         await restored.stop()
     assert group[0] == sample
     assert group[0].tool_call_count == 2 and group[0].weight_versions == ["3"]
+    assert group[0].teacher_logprobs == [-0.5]
+
+
+def test_teacher_log_probs_is_slimes_name_of_the_opd_teachers_logprobs():
+    sample = fresh()
+    assert sample.teacher_log_probs is None  # unscored, as slime's default
+    sample.teacher_log_probs = orjson.loads("[-1.5, -0.25]")
+    assert sample.teacher_logprobs == [-1.5, -0.25] and "teacher_log_probs" not in sample.metadata

@@ -130,7 +130,7 @@ CASES = {
                                           r"--dynamic-sampling-filter-path .*filter_ctx_rewards\(ctx, rewards\) does "
                                           r"not take the arguments it will be called with: fn\(rewards\)"),
     "rm_type_unknown": (["--rm-type", "deepscaler"],
-                        r"--rm-type 'deepscaler' is not a built-in reward: choose one of math, exact, f1"),
+                        r"--rm-type 'deepscaler' is not a built-in reward: choose one of none, math, exact, f1"),
     "config_file_missing": (["--config", "{root}/nowhere.toml"], r"--config \S+/nowhere.toml: no such file"),
     "config_file_a_directory": (["--config", "{root}/empty"], r"--config \S+/empty: not a file"),
     "config_file_not_text": (["--config", "{root}/settings.bin"], r"--config \S+/settings.bin: not a UTF-8 text file"),

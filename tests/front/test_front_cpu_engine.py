@@ -72,6 +72,28 @@ async def test_generate_answers_text_prompts_in_sglangs_format(cpu_engine, start
     assert meta["completion_tokens"] == len(answer["output_ids"]) and meta["weight_version"] is not None
 
 
+async def test_generate_passes_prompt_logprobs_through_as_the_engine_answers_them(cpu_engine, start_front,
+                                                                                   text_model):
+    # On-policy distillation's scoring request (max_new_tokens 0), and prompt logprobs beside a generation.
+    _, url = await start_front([cpu_engine], text_model)
+    prompt = text_model.encode_prompt("12+30=42")
+    scoring = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
+               "return_logprob": True, "logprob_start_len": 2}
+    generating = {**scoring, "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    async with aiohttp.ClientSession() as http, EngineClient(cpu_engine) as engine:
+        for body in (scoring, generating):
+            async with http.post(url + "/generate", json=body) as response:
+                answer = await response.json()
+            direct = await engine.generate(prompt, body["sampling_params"], logprob_start_len=2)
+            entries = answer["meta_info"]["input_token_logprobs"]
+            assert [entry[1] for entry in entries] == prompt[2:] and entries[0][0] is None
+            assert [e[0] for e in entries[1:]] == pytest.approx(
+                [e[0] for e in direct["meta_info"]["input_token_logprobs"][1:]], abs=1e-5)
+            assert len(answer["output_ids"]) == body["sampling_params"]["max_new_tokens"]
+        async with http.post(url + "/generate", json={**scoring, "logprob_start_len": len(prompt) + 1}) as response:
+            assert response.status == 400 and "logprob_start_len" in (await response.json())["error"]["message"]
+
+
 async def test_generate_honours_a_text_stop_string_with_and_without_no_stop_trim(cpu_engine, start_front, text_model):
     _, url = await start_front([cpu_engine], text_model)
     params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}

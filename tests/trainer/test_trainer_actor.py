@@ -68,6 +68,8 @@ class Run:
     death_report_s: float = 0.0
     killed_rank: int = -1
     sft_losses: list[float] = field(default_factory=list)
+    teacher_logprobs: list[list[float]] = field(default_factory=list)  # --opd-teacher-load of a checkpoint
+    loaded_logprobs: list[list[float]] = field(default_factory=list)  # the policy right after loading it
     ckpt_dir: Path | None = None
     op_error: BaseException | None = None
     alive_after_op_error: bool = False
@@ -239,12 +241,20 @@ async def _dp2_scenario(hf_dir: Path, work: Path) -> Run:
     return run
 
 
-async def _resumed_scenario(hf_dir: Path, work: Path, dp2: Run, tp: int = 1, procs: int = 2) -> Run:
+async def _resumed_scenario(hf_dir: Path, work: Path, dp2: Run, tp: int = 1, procs: int = 2,
+                            teacher: bool = False) -> Run:
     run = Run()
-    config = trainer_config(hf_dir, procs=procs, tp=tp, use_reference=True)
+    # teacher: the same checkpoint is also the frozen OPD teacher (a Megatron checkpoint as --opd-teacher-load)
+    config = trainer_config(hf_dir, procs=procs, tp=tp, use_reference=True,
+                            opd_teacher_load=str(dp2.ckpt_dir) if teacher else None)
     async with running_trainer(config, work / "logs") as trainer:
+        if teacher:
+            run.logprobs0, _ = await _logprobs(trainer, fixed_batch())
+            run.teacher_logprobs, _ = await _logprobs(trainer, fixed_batch(), model="teacher")
         step = await trainer.ask("load", str(dp2.ckpt_dir), timeout=None)
         assert step == 3, f"checkpoint step {step}"
+        if teacher:
+            run.loaded_logprobs, _ = await _logprobs(trainer, fixed_batch())
         batch = fixed_batch(old_logprobs=dp2.logprobs0, ref_logprobs=dp2.ref_logprobs)
         run.steps.append(await trainer.ask("train_step", batch, PPO_KL, timeout=None))
         # This loss is computed on weights the previous step's Adam update made: it checks the
@@ -282,7 +292,8 @@ def resumed_at_tp2_run(tiny_hf_dirs, tmp_path_factory, dp2_run) -> Run:
 def resumed_alone_run(tiny_hf_dirs, tmp_path_factory, dp2_run) -> Run:
     """dp2_run's checkpoint (2 ranks) loaded by a trainer of one rank."""
     env_threads()
-    return asyncio.run(_resumed_scenario(tiny_hf_dirs["qwen2"], tmp_path_factory.mktemp("resumed-1"), dp2_run, procs=1))
+    return asyncio.run(_resumed_scenario(tiny_hf_dirs["qwen2"], tmp_path_factory.mktemp("resumed-1"), dp2_run, procs=1,
+                                         teacher=True))
 
 
 def _max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
@@ -369,6 +380,15 @@ def test_a_checkpoint_saved_at_tp1_resumes_at_tp2_with_model_optimizer_and_sched
     assert resumed_at_tp2_run.sft_losses[0] == pytest.approx(dp2_run.sft_losses[0], abs=1e-5)
 
 
+def test_a_megatron_checkpoint_loads_as_the_frozen_opd_teacher_beside_the_policy(dp2_run, resumed_alone_run):
+    run = resumed_alone_run
+    # The teacher is the checkpoint's weights (what the policy holds once it loads them) ...
+    assert _max_abs_diff(run.teacher_logprobs, run.loaded_logprobs) < 1e-5
+    # ... while the policy kept its own (the HF start, as dp2's first logprobs) until then.
+    assert _max_abs_diff(run.logprobs0, dp2_run.logprobs0) < 1e-5
+    assert _max_abs_diff(run.teacher_logprobs, run.logprobs0) > 1e-3
+
+
 def test_a_checkpoint_of_two_ranks_resumes_on_one(dp2_run, resumed_alone_run):
     # No RNG state for a layout that did not save one; model, optimizer and schedule reshard.
     uninterrupted, resumed = dp2_run.steps[3], resumed_alone_run.steps[0]
@@ -419,7 +439,7 @@ def test_an_op_that_raises_on_the_ranks_reports_rank_and_traceback_and_the_train
     error = dp2_run.op_error
     assert isinstance(error, TrainerOpError), repr(error)
     assert "trainer rank" in str(error) and "compute_logprobs failed" in str(error)
-    assert "model must be 'actor' or 'ref', got 'critic'" in str(error)
+    assert "model must be 'actor', 'ref' or 'teacher', got 'critic'" in str(error)
     assert dp2_run.alive_after_op_error
 
 

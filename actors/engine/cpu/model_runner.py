@@ -111,8 +111,10 @@ class ModelRunner:
     # ---- forward -------------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, token_ids: list[int], prefix: SequenceKV | None) -> tuple[torch.Tensor, SequenceKV]:
-        """Run the tokens after a cached prefix; return last-position logits and the full cache."""
+    def prefill(self, token_ids: list[int], prefix: SequenceKV | None,
+                all_positions: bool = False) -> tuple[torch.Tensor, SequenceKV]:
+        """Run the tokens after a cached prefix; return the last position's logits [vocab] (or,
+        ``all_positions``, every new position's [n_new, vocab]) and the full cache."""
         start = kv_length(prefix)
         new = token_ids[start:]
         if not new:
@@ -122,7 +124,7 @@ class ModelRunner:
         positions = torch.arange(start, start + len(new), dtype=torch.long).unsqueeze(0)
         out = self.model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
         kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        return out.logits[0, -1].float(), kv
+        return (out.logits[0].float() if all_positions else out.logits[0, -1].float()), kv
 
     @torch.inference_mode()
     def decode(self, last_tokens: list[int], caches: list[SequenceKV]) -> tuple[torch.Tensor, list[SequenceKV]]:
@@ -195,6 +197,18 @@ class ModelRunner:
                 top = list(zip(values.tolist(), ids.tolist()))
             tops.append(top)
         return tokens, logprobs, tops
+
+    @staticmethod
+    def token_logprobs(logits: torch.Tensor, targets: list[int], temperature: float) -> list[float]:
+        """Logprob of each given token under the row before it (prompt scoring), with the same
+        convention as a sampled token's: log_softmax(logits / temperature), temperature 1 when
+        greedy."""
+        if not targets:
+            return []
+        temperature = 1.0 if temperature < GREEDY_EPS else temperature
+        log_probs = torch.log_softmax(logits / temperature, dim=-1)
+        picked = log_probs.gather(1, torch.tensor(targets, dtype=torch.long).unsqueeze(1))
+        return [float(v) for v in picked.squeeze(1)]
 
     def _draw(self, log_probs: torch.Tensor, spec: SamplingSpec) -> int:
         probs = filter_top_k_top_p(log_probs.exp(), spec.top_k, spec.top_p)

@@ -152,6 +152,28 @@ class GenerateItem:
     params: SamplingParams
     return_logprob: bool
     top_logprobs_num: int = 0  # SGLang's top-level field: alternatives per output token
+    # The first input position whose logprob is returned (resolved: never -1); len(input_ids)
+    # returns none. See resolve_logprob_start_len.
+    logprob_start_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.logprob_start_len is None:
+            self.logprob_start_len = resolve_logprob_start_len(-1, self.return_logprob, len(self.input_ids),
+                                                               self.params.max_new_tokens)
+
+
+def resolve_logprob_start_len(requested: int, return_logprob: bool, n_input: int, max_new_tokens: int) -> int:
+    """SGLang 0.5.17's scheduler (handle_generate_request): -1 (the default) or no return_logprob
+    means "output tokens only", which it sets to the last input position (one input entry, its
+    logprob null), or past the input for a prefill-only request (max_new_tokens 0: no entry at
+    all). An explicit start must lie inside the input; SGLang aborts the request otherwise, with
+    this message."""
+    if requested == -1 or not return_logprob:
+        return n_input if max_new_tokens == 0 else n_input - 1
+    if requested < -1 or requested > n_input or (requested == n_input and max_new_tokens != 0):
+        raise ValueError(f"req.logprob_start_len={requested} is higher than the number of input tokens "
+                         f"len(req.origin_input_ids)={n_input}. Please use a smaller logprob_start_len.")
+    return requested
 
 
 def parse_generate(
@@ -176,18 +198,23 @@ def parse_generate(
     logprob_flags = per_request(body.get("return_logprob"), n, "return_logprob", bool, BadRequest)
     rids = per_request(body.get("rid"), n, "rid", str, BadRequest)
     top_nums = per_request(body.get("top_logprobs_num"), n, "top_logprobs_num", int, BadRequest)
+    starts = per_request(body.get("logprob_start_len"), n, "logprob_start_len", int, BadRequest)
     items = []
     for i, ids in enumerate(prompt_list):
         where = f"input_ids[{i}]: " if is_batch else ""
         try:
             ids = validate_input_ids(ids, vocab_size, context_len)
             params = SamplingParams.from_json(sampling[i])
+            if isinstance(starts[i], bool):
+                raise ValueError(f"logprob_start_len must be int, got {starts[i]!r}")
+            start = resolve_logprob_start_len(-1 if starts[i] is None else starts[i], bool(logprob_flags[i]),
+                                              len(ids), params.max_new_tokens)
         except ValueError as exc:
             raise BadRequest(where + str(exc)) from exc
         top = top_nums[i] or 0
         if isinstance(top, bool) or not 0 <= top <= vocab_size:
             raise BadRequest(f"{where}top_logprobs_num must be an integer in [0, {vocab_size}], got {top!r}")
-        items.append(GenerateItem(rids[i] or uuid.uuid4().hex, ids, params, bool(logprob_flags[i]), top))
+        items.append(GenerateItem(rids[i] or uuid.uuid4().hex, ids, params, bool(logprob_flags[i]), top, start))
     if stream and is_batch:
         raise BadRequest("stream=true takes a single prompt, not a batch")
     return items, is_batch, stream
@@ -241,7 +268,7 @@ def _answer(req: "Request", output_ids: list[int], logprobs: list[float], top_lo
     output_ids, logprobs = output_ids[start:], logprobs[start:]
     if req.return_logprob:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(logprobs, output_ids)]
-        meta["input_token_logprobs"] = []
+        meta["input_token_logprobs"] = input_token_logprobs(req) if start == 0 else []
         if req.top_logprobs_num > 0:
             # SGLang's layout (tokenizer_manager ``add_logprob_to_meta_info``): per output token its
             # top_logprobs_num alternatives, most likely first, each [logprob, token_id, text or null].
@@ -256,6 +283,16 @@ def _answer(req: "Request", output_ids: list[int], logprobs: list[float], top_lo
             text_ids = text_ids[:-1]
         out["text"] = tokenizer.decode(text_ids, skip_special_tokens=req.params.skip_special_tokens)
     return out
+
+
+def input_token_logprobs(req: "Request") -> list[list[Any]]:
+    """SGLang's ``meta_info.input_token_logprobs``: ``[logprob, token_id, null]`` for each input
+    position from ``logprob_start_len`` on, the first logprob always null (SGLang pads it: the
+    logits before that position were not computed). An incremental stream sends them once, in
+    its first chunk; a cumulative one in every chunk."""
+    if req.input_logprobs is None:
+        return []
+    return [[lp, tok, None] for lp, tok in zip(req.input_logprobs, req.input_ids[req.logprob_start_len:])]
 
 
 def version_segments(marks: list[tuple[int, str]], n_tokens: int) -> list[list[Any]]:

@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from actors.engine.cpu.model_runner import ModelRunner, SamplingSpec, SequenceKV
+from actors.engine.cpu.model_runner import ModelRunner, SamplingSpec, SequenceKV, slice_kv
 from actors.engine.cpu.preconditions import Preconditions
 from actors.engine.cpu.prefix_cache import PrefixCache
-from actors.engine.cpu.protocol import SamplingParams
+from actors.engine.cpu.protocol import SamplingParams, resolve_logprob_start_len
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +88,22 @@ class Request:
     version_marks: list[tuple[int, str]] = field(default_factory=list)
     # A streamed request: called (scheduler thread) with each token that does not finish it.
     on_token: Callable[["Request", int, float], None] | None = None
+    # Input positions from here on get a logprob (resolved as SGLang does; None: the default).
+    logprob_start_len: int | None = None
+    # SGLang's input_token_logprobs values from logprob_start_len on (the first None), from the first prefill only
+    input_logprobs: list[float | None] | None = None
 
     def __post_init__(self) -> None:
         if self.params.sampling_seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.sampling_seed)
+        if self.logprob_start_len is None:
+            self.logprob_start_len = resolve_logprob_start_len(-1, self.return_logprob, len(self.input_ids),
+                                                               self.params.max_new_tokens)
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        """Whether a prefill still owes SGLang's input logprobs (positions before the last)."""
+        return self.return_logprob and self.input_logprobs is None and self.logprob_start_len < len(self.input_ids)
 
     @property
     def all_ids(self) -> list[int]:
@@ -462,9 +474,9 @@ class Scheduler:
             if self._running and reserved + need > self.config.max_total_tokens:
                 break  # FIFO: later requests wait too, so a large one is not starved
             self._waiting.popleft()
-            if self._finished_before_start(request):
-                continue
             try:
+                if self._finished_before_start(request):
+                    continue
                 self._prefill(request)
             except Exception as exc:  # in neither list yet: without this it would never be answered
                 logger.exception("prefill of request %s failed", request.rid)
@@ -476,24 +488,44 @@ class Scheduler:
                 reserved += need
 
     def _finished_before_start(self, request: Request) -> bool:
+        """A prefill-only request (max_new_tokens 0, SGLang's scoring request) ends after its
+        prefill with no output token; it runs the forward only when input logprobs are wanted."""
         if request.params.max_new_tokens == 0 and not request.output_ids:
+            if request.wants_input_logprobs:
+                self._prefill(request, sample=False)
             self._finish(request, {"type": "length", "length": 0})
             return True
         return False
 
-    def _prefill(self, request: Request) -> None:
+    def _prefill(self, request: Request, sample: bool = True) -> None:
         tokens = request.all_ids
         cached, prefix = self.prefix_cache.match(tokens)
+        start = request.logprob_start_len
+        scoring = request.wants_input_logprobs
+        if scoring and cached > start:
+            # As SGLang (Req.init_next_round_input): a cached prefix may not cover positions whose
+            # logits the input logprobs need.
+            cached, prefix = start, (slice_kv(prefix, start) if start else None)
         if not request.output_ids:  # a retracted request re-prefills; count its first visit only
             request.cached_tokens = cached
             self.stats.cache_hit_tokens += cached
             self.stats.prompt_tokens += len(tokens)
-        logits, kv = self.runner.prefill(tokens, prefix)
+        logits, kv = self.runner.prefill(tokens, prefix, all_positions=scoring)
+        if scoring:
+            # logits[j] is position cached + j and predicts the token after it.
+            first = start - cached
+            targets = request.input_ids[start + 1:]
+            scored = self.runner.token_logprobs(logits[first:first + len(targets)], targets,
+                                                request.params.temperature)
+            request.input_logprobs = [None, *scored]
+            logits = logits[-1]
         if not request.version_marks and self.weight_version is not None:
             request.version_marks.append((0, self.weight_version))
         self.stats.num_prefills += 1
         if not request.output_ids:
             self.prefix_cache.insert(tokens, kv)  # the prompt, for the other samples of a group
+        if not sample:
+            return
         request.kv = kv
         token, logprob, top = self._sample(logits.unsqueeze(0), [request])
         self._append(request, token[0], logprob[0], top[0])

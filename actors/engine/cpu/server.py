@@ -218,7 +218,8 @@ class EngineServer(WeightRoutes):
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(req))
 
         self.scheduler.submit(Request(item.rid, item.input_ids, item.params, item.return_logprob, on_finish,
-                                      top_logprobs_num=item.top_logprobs_num, on_token=on_token))
+                                      top_logprobs_num=item.top_logprobs_num, on_token=on_token,
+                                      logprob_start_len=item.logprob_start_len))
         return future
 
     # ---- health and discovery -----------------------------------------------------------

@@ -8,6 +8,7 @@ from policies.rewards import (
     BUILTIN_REWARDS,
     exact_match_reward,
     f1_reward,
+    no_reward,
     last_boxed,
     math_reward,
 )
@@ -75,4 +76,9 @@ def test_f1_with_an_empty_side_is_one_only_when_both_are_empty():
 
 
 def test_registry_maps_names_to_functions():
-    assert BUILTIN_REWARDS == {"math": math_reward, "exact": exact_match_reward, "f1": f1_reward}
+    assert BUILTIN_REWARDS == {"none": no_reward, "math": math_reward, "exact": exact_match_reward, "f1": f1_reward}
+
+
+def test_no_reward_is_zero_whatever_the_response_and_label():
+    assert no_reward("\\boxed{4}", "4") == 0.0
+    assert no_reward("", None) == 0.0

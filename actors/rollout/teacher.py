@@ -1,0 +1,88 @@
+"""The engine teacher of on-policy distillation (--opd-type sglang): it scores each final sample.
+
+A sample is final when its generation returned (after any partial-rollout resumes: the teacher
+sees the tokens that will be trained, never a stale prefix). The rollout then sends prompt +
+response to the teacher engine as SGLang's scoring request — ``max_new_tokens`` 0,
+``return_logprob``, ``logprob_start_len`` at the last prompt token, so the teacher's prefix cache
+serves the prompt that a group's samples share — while other samples still generate, so the
+teacher's cost overlaps generation. The answer's ``input_token_logprobs`` tail becomes
+``Sample.teacher_logprobs`` (one per response token; the loss mask decides which count).
+
+A sample the teacher cannot score (its engine failed past the client's retries) keeps
+``teacher_logprobs`` None: it trains without the OPD term and counts as unscored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from policies.opd import teacher_response_logprobs
+from slime_async.engine_client import EngineClient, EngineError
+from slime_async.sample import Sample
+
+log = logging.getLogger(__name__)
+
+# The teacher's own distribution (see actors/loop/opd.py): scored at temperature 1.
+SCORING_PARAMS = {"temperature": 1.0, "max_new_tokens": 0}
+
+
+@dataclass
+class TeacherStats:
+    """Since the last ``take()``: the teacher's scoring time and what it scored."""
+
+    seconds: float = 0.0
+    samples: int = 0
+    model_tokens: int = 0  # loss-mask tokens of the samples sent
+    scored_tokens: int = 0  # of those, the ones that came back scored
+    errors: int = 0
+
+
+class TeacherScorer:
+    """Scores samples on one teacher engine (owned or external) through its SGLang API."""
+
+    def __init__(self, url: str, *, api_key: str | None = None, timeout: float | None = None):
+        self.url = url
+        self.client = EngineClient(url, api_key=api_key, timeout=timeout)
+        self.stats = TeacherStats()
+        self.total_errors = 0
+
+    async def score(self, sample: Sample) -> None:
+        """Set ``sample.teacher_logprobs`` from the teacher's logprobs of its response tokens."""
+        model_tokens = sum(sample.loss_mask)
+        self.stats.model_tokens += model_tokens
+        self.stats.samples += 1
+        if sample.response_length == 0:
+            sample.teacher_logprobs = []
+            return
+        prompt_length = len(sample.tokens) - sample.response_length
+        started = time.monotonic()
+        try:
+            answer = await self.client.generate(sample.tokens, dict(SCORING_PARAMS), return_logprob=True,
+                                                logprob_start_len=max(prompt_length - 1, 0))
+            entries = answer["meta_info"]["input_token_logprobs"]
+            sample.teacher_logprobs = teacher_response_logprobs(entries, sample.response_length)
+        except (EngineError, KeyError, TypeError, ValueError) as error:
+            self.stats.errors += 1
+            self.total_errors += 1
+            log.warning("opd teacher %s could not score sample %s/%s: %s", self.url, sample.group_index,
+                        sample.index, error)
+            sample.teacher_logprobs = None
+        else:
+            self.stats.scored_tokens += model_tokens
+        finally:
+            self.stats.seconds += time.monotonic() - started
+
+    def take(self) -> dict[str, float]:
+        """``rollout/opd_*`` metrics since the last call."""
+        stats, self.stats = self.stats, TeacherStats()
+        return {
+            "rollout/opd_teacher_time": stats.seconds,
+            "rollout/opd_teacher_time_per_sample": stats.seconds / stats.samples if stats.samples else 0.0,
+            "rollout/opd_scored_fraction": stats.scored_tokens / stats.model_tokens if stats.model_tokens else 0.0,
+            "rollout/opd_teacher_errors": float(self.total_errors),
+        }
+
+    async def close(self) -> None:
+        await self.client.close()
