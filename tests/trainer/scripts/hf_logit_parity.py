@@ -1,4 +1,5 @@
-"""torchrun script: load HF checkpoints into Megatron at TP = world size and compare logits.
+"""torchrun script: load HF checkpoints into Megatron at TP = world size (or --tp, with --ep
+expert-parallel ranks for MoE models) and compare logits.
 
 For every ``--model NAME=DIR`` and both core attentions (unfused local, SDPA), rank 0 writes
 {"NAME/unfused": {"max_abs_diff", "logit_std", "shape", "expected_shape"}, ...} to --out.
@@ -46,16 +47,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", action="append", required=True, help="NAME=HF_DIR")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--tp", type=int, default=int(os.environ["WORLD_SIZE"]))
+    parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--attention", action="append", choices=("unfused", "sdpa"))
     args = parser.parse_args()
 
-    init_model_parallel(tensor_parallel_size=int(os.environ["WORLD_SIZE"]))
+    init_model_parallel(tensor_parallel_size=args.tp, expert_parallel_size=args.ep)
     results = {}
     for spec in args.model:
         name, hf_dir = spec.split("=", 1)
         tokens = torch.randint(0, 120, (2, 12), generator=torch.Generator().manual_seed(0))
         expected = hf_logits(hf_dir, tokens) if dist.get_rank() == 0 else None
-        for attention, use_sdpa in (("unfused", False), ("sdpa", True)):
-            logits = megatron_logits(hf_dir, tokens, use_sdpa)
+        for attention in args.attention or ("unfused", "sdpa"):
+            logits = megatron_logits(hf_dir, tokens, attention == "sdpa")
             if expected is not None:
                 results[f"{name}/{attention}"] = {
                     "max_abs_diff": (logits - expected).abs().max().item(),
