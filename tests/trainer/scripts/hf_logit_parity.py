@@ -47,6 +47,28 @@ def hf_logits(hf_dir: str, tokens: torch.Tensor) -> torch.Tensor:
         return hf.eval()(tokens).logits
 
 
+def parity_results(models: list[str], attentions: tuple[str, ...], export_dir: str | None) -> dict:
+    """Logit comparisons ("NAME/attention" -> stats, on rank 0) of every NAME=DIR model, each
+    exported to EXPORT_DIR/NAME afterwards when ``export_dir`` is given."""
+    results = {}
+    for spec in models:
+        name, hf_dir = spec.split("=", 1)
+        tokens = torch.randint(0, 120, (2, 12), generator=torch.Generator().manual_seed(0))
+        expected = hf_logits(hf_dir, tokens) if dist.get_rank() == 0 else None
+        for attention in attentions:
+            logits, model = megatron_logits(hf_dir, tokens, attention == "sdpa")
+            if expected is not None:
+                results[f"{name}/{attention}"] = {
+                    "max_abs_diff": (logits - expected).abs().max().item(),
+                    "logit_std": expected.std().item(),
+                    "shape": list(logits.shape),
+                    "expected_shape": list(expected.shape),
+                }
+        if export_dir:
+            save_hf_checkpoint(model, hf_dir, Path(export_dir) / name)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", action="append", required=True, help="NAME=HF_DIR")
@@ -58,22 +80,7 @@ def main() -> None:
     args = parser.parse_args()
 
     init_model_parallel(tensor_parallel_size=args.tp, expert_parallel_size=args.ep)
-    results = {}
-    for spec in args.model:
-        name, hf_dir = spec.split("=", 1)
-        tokens = torch.randint(0, 120, (2, 12), generator=torch.Generator().manual_seed(0))
-        expected = hf_logits(hf_dir, tokens) if dist.get_rank() == 0 else None
-        for attention in args.attention or ("unfused", "sdpa"):
-            logits, model = megatron_logits(hf_dir, tokens, attention == "sdpa")
-            if expected is not None:
-                results[f"{name}/{attention}"] = {
-                    "max_abs_diff": (logits - expected).abs().max().item(),
-                    "logit_std": expected.std().item(),
-                    "shape": list(logits.shape),
-                    "expected_shape": list(expected.shape),
-                }
-        if args.export_dir:
-            save_hf_checkpoint(model, hf_dir, Path(args.export_dir) / name)
+    results = parity_results(args.model, args.attention or ("unfused", "sdpa"), args.export_dir)
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(results, f)
