@@ -111,3 +111,63 @@ def test_unmapped_moe_fields_are_refused_in_one_line_naming_the_field(case):
     with pytest.raises(ValueError, match=message) as err:
         transformer_config_from_hf(_config(model_type, **fields))
     assert "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Parallel layouts, checked at start
+# --------------------------------------------------------------------------------------------
+
+
+def _hf_dir(tmp_path, model_type: str, **fields):
+    if model_type == "qwen3":  # dense
+        config = AutoConfig.for_model("qwen3", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    else:
+        config = _config(model_type, num_hidden_layers=2, **fields)
+    config.save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+LAYOUT_REFUSED = {
+    "tp_with_moe": (("qwen3_moe", {}), dict(tensor_model_parallel_size=2), 4,
+                    r"^--tensor-model-parallel-size 2 with the MoE model .*--expert-model-parallel-size"),
+    "ep_on_dense": (("qwen3", {}), dict(expert_model_parallel_size=2), 2,
+                    "need an MoE model; .* has no MoE layers"),
+    "ep_not_dividing_experts": (("qwen3_moe", dict(num_experts=8)), dict(expert_model_parallel_size=3), 3,
+                                "--expert-model-parallel-size 3 does not divide the 8 experts"),
+    "ep_etp_not_dividing_ranks": (("qwen3_moe", {}), dict(expert_model_parallel_size=2,
+                                                         expert_tensor_parallel_size=2), 2,
+                                  "--expert-model-parallel-size 2 x --expert-tensor-parallel-size 2 does not divide "
+                                  "the 2 ranks"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUT_REFUSED))
+def test_moe_layouts_the_ranks_cannot_train_are_refused_at_start(case, tmp_path):
+    from actors.megatron.moe_layout import check_moe_layout
+
+    (model_type, fields), transformer, ranks, message = LAYOUT_REFUSED[case]
+    with pytest.raises(ValueError, match=message) as err:
+        check_moe_layout(transformer, _hf_dir(tmp_path, model_type, **fields), ranks)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU dispatcher rule")
+@pytest.mark.parametrize("transformer", [dict(moe_token_dispatcher_type="alltoall"),
+                                         dict(pipeline_model_parallel_size=2)])
+def test_cuda_only_token_dispatchers_are_refused_on_cpu(transformer, tmp_path):
+    from actors.megatron.moe_layout import check_moe_layout
+
+    with pytest.raises(ValueError, match="needs CUDA; on CPU the experts are dispatched with allgather"):
+        check_moe_layout(transformer, _hf_dir(tmp_path, "qwen3_moe"), 2)
+
+
+def test_the_trainer_config_refuses_an_moe_layout_at_validate(tmp_path):
+    from actors.megatron.config import TrainerConfig
+
+    config = TrainerConfig(hf_checkpoint=_hf_dir(tmp_path, "glm4_moe"), actor_num_procs=4,
+                           megatron=dict(expert_model_parallel_size=3))
+    with pytest.raises(ValueError, match="--expert-model-parallel-size 3 does not divide the 128 experts"):
+        config.validate()
+    config.megatron = dict(expert_model_parallel_size=2, expert_tensor_parallel_size=2)
+    config.validate()  # EP2 x expert-TP2 over 4 ranks

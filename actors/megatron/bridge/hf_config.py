@@ -220,9 +220,11 @@ def transformer_config_from_hf(hf_config: Any, **overrides: Any) -> TransformerC
         # Micro-batches are padded to their own length (and hold as many samples as fit), so
         # the stages exchange each activation's shape before the activation itself.
         fields["variable_seq_lengths"] = True
-        # megatron-core refuses that with its default MoE dispatcher (allgather) even in a dense
-        # model, which never dispatches tokens: name the one it accepts.
-        fields.setdefault("moe_token_dispatcher_type", "alltoall")
+        # megatron-core refuses that with the allgather MoE dispatcher (its default, and the
+        # bridge's for MoE models) even in a dense model, which never dispatches tokens: name the
+        # one it accepts unless a flag chose.
+        if "moe_token_dispatcher_type" not in overrides:
+            fields["moe_token_dispatcher_type"] = "alltoall"
     # Parameter dtype follows the precision flags unless given explicitly.
     if fields.get("fp16"):
         fields["bf16"] = False

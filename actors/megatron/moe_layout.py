@@ -1,0 +1,59 @@
+"""The parallel layout of an MoE model, checked at start (before any rank is spawned).
+
+Experts are spread over ``--expert-model-parallel-size`` (EP) ranks taken from the data-parallel
+ranks, each expert split over ``--expert-tensor-parallel-size`` (expert TP, default: the TP size)
+ranks. What megatron-core 0.16.1 would refuse only inside the ranks, or run wrongly, fails here
+with one line naming the flag.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Token dispatchers that need CUDA (streams for the device-to-host sync, DeepEP / HybridEP kernels).
+_CUDA_DISPATCHERS = ("alltoall", "flex")
+
+
+def check_moe_layout(transformer: dict[str, Any], hf_checkpoint: str, ranks: int) -> None:
+    """Raise ValueError (one line) for an MoE layout the ranks could not train.
+
+    ``transformer``: the TransformerConfig pass-through; ``ranks``: every training rank.
+    """
+    tp = transformer.get("tensor_model_parallel_size", 1)
+    pp = transformer.get("pipeline_model_parallel_size", 1)
+    ep = transformer.get("expert_model_parallel_size", 1)
+    etp = transformer.get("expert_tensor_parallel_size") or tp
+    if tp == pp == ep == 1 and not {"expert_tensor_parallel_size", "moe_token_dispatcher_type"} & set(transformer):
+        return  # one rank's layout: nothing to check, no need to read the HF config
+    from actors.megatron.bridge import load_hf_config, transformer_config_from_hf
+
+    try:
+        hf_config = load_hf_config(hf_checkpoint)
+    except Exception:  # noqa: BLE001 - a missing model directory is reported by the preflight
+        return
+    experts = transformer_config_from_hf(hf_config).num_moe_experts  # refuses unmapped MoE fields too
+    if not experts:
+        if ep > 1 or transformer.get("expert_tensor_parallel_size"):
+            raise ValueError(f"--expert-model-parallel-size / --expert-tensor-parallel-size need an MoE model; "
+                             f"{hf_checkpoint} has no MoE layers")
+        return
+    if tp > 1:
+        raise ValueError(f"--tensor-model-parallel-size {tp} with the MoE model {hf_checkpoint}: megatron-core "
+                         "trains MoE layers under TP only with sequence parallelism, which the local layer spec "
+                         "refuses; spread the experts with --expert-model-parallel-size and "
+                         "--expert-tensor-parallel-size instead")
+    if experts % ep:
+        raise ValueError(f"--expert-model-parallel-size {ep} does not divide the {experts} experts of "
+                         f"{hf_checkpoint}")
+    if ranks % pp or (ranks // pp) % (ep * etp):
+        raise ValueError(f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} does not divide "
+                         f"the {ranks // max(pp, 1)} ranks of each pipeline stage")
+    dispatcher = transformer.get("moe_token_dispatcher_type") or ("alltoall" if pp > 1 else "allgather")
+    if dispatcher in _CUDA_DISPATCHERS and not torch.cuda.is_available():
+        cause = (f"--moe-token-dispatcher-type {dispatcher}" if "moe_token_dispatcher_type" in transformer
+                 else f"--pipeline-model-parallel-size {pp} (its variable-length micro-batches need the alltoall "
+                      "token dispatcher)")
+        raise ValueError(f"{cause} with the MoE model {hf_checkpoint} needs CUDA; on CPU the experts are dispatched "
+                         "with allgather")
