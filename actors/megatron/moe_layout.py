@@ -25,6 +25,9 @@ def check_moe_layout(transformer: dict[str, Any], hf_checkpoint: str, ranks: int
     pp = transformer.get("pipeline_model_parallel_size", 1)
     ep = transformer.get("expert_model_parallel_size", 1)
     etp = transformer.get("expert_tensor_parallel_size") or tp
+    if transformer.get("moe_grouped_gemm"):
+        raise ValueError("--moe-grouped-gemm is not supported: the bridge maps the local spec's per-expert MLPs "
+                         "(SequentialMLP), and the grouped-GEMM experts hold their weights in another layout")
     if tp == pp == ep == 1 and not {"expert_tensor_parallel_size", "moe_token_dispatcher_type"} & set(transformer):
         return  # one rank's layout: nothing to check, no need to read the HF config
     from actors.megatron.bridge import load_hf_config, transformer_config_from_hf

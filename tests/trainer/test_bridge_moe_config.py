@@ -131,6 +131,7 @@ def _hf_dir(tmp_path, model_type: str, **fields):
 LAYOUT_REFUSED = {
     "tp_with_moe": (("qwen3_moe", {}), dict(tensor_model_parallel_size=2), 4,
                     r"^--tensor-model-parallel-size 2 with the MoE model .*--expert-model-parallel-size"),
+    "grouped_gemm": (("qwen3_moe", {}), dict(moe_grouped_gemm=True), 1, "^--moe-grouped-gemm is not supported"),
     "ep_on_dense": (("qwen3", {}), dict(expert_model_parallel_size=2), 2,
                     "need an MoE model; .* has no MoE layers"),
     "ep_not_dividing_experts": (("qwen3_moe", dict(num_experts=8)), dict(expert_model_parallel_size=3), 3,
