@@ -172,3 +172,34 @@ def test_the_trainer_config_refuses_an_moe_layout_at_validate(tmp_path):
         config.validate()
     config.megatron = dict(expert_model_parallel_size=2, expert_tensor_parallel_size=2)
     config.validate()  # EP2 x expert-TP2 over 4 ranks
+
+
+# --------------------------------------------------------------------------------------------
+# slime's Megatron-LM MoE model flags, checked against the HF config
+# --------------------------------------------------------------------------------------------
+
+# scripts/models/glm4.5-106B-A12B.sh's MoE block (slime), at GLM-4.5-Air's values.
+GLM45_AIR_FLAGS = dict(num_experts=128, moe_ffn_hidden_size=1408, moe_shared_expert_intermediate_size=1408,
+                       moe_router_topk=8, moe_router_score_function="sigmoid", moe_router_topk_scaling_factor=1.0,
+                       rotary_percent=0.5, add_qkv_bias=True, kv_channels=128)
+
+
+def test_slime_moe_model_flags_that_match_the_hf_config_are_accepted(tmp_path):
+    from actors.megatron.model_flags import check_model_flags
+
+    check_model_flags(GLM45_AIR_FLAGS, _hf_dir(tmp_path, "glm4_moe"))
+
+
+@pytest.mark.parametrize(("model_type", "flags", "line"), [
+    ("glm4_moe", dict(num_experts=160), r"^--num-experts 160 does not match the HF config in .* "
+                                        r"\(num_experts = 128, i\.e\. --num-experts 128\)$"),
+    ("glm4_moe", dict(rotary_percent=1.0), r"^--rotary-percent 1 does not match .*partial_rotary_factor = 0\.5"),
+    ("qwen3_moe", dict(moe_router_score_function="sigmoid"), "--moe-router-score-function sigmoid does not match"),
+    ("qwen3", dict(num_experts=8), r"^--num-experts 8 does not match the HF config in .* \(a model without MoE "
+                                   r"layers\)$"),
+])
+def test_a_slime_moe_flag_that_disagrees_with_the_hf_config_fails_in_one_line(model_type, flags, line, tmp_path):
+    from actors.megatron.model_flags import check_model_flags
+
+    with pytest.raises(ValueError, match=line):
+        check_model_flags(flags, _hf_dir(tmp_path, model_type))
