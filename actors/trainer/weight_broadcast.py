@@ -38,12 +38,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def takes_part() -> bool:
     """Whether this rank gathers for global rank 0: a rank of DP replica 0 (its TP peers gather
-    each stage's tensors, its later pipeline stages send theirs to the first), and with expert
-    parallelism every rank of the first expert replica (its EP peers hold the other experts)."""
-    if parallel_state.get_data_parallel_rank() == 0:
-        return True
-    return (parallel_state.get_expert_model_parallel_world_size() > 1
-            and parallel_state.get_expert_data_parallel_rank() == 0)
+    each stage's tensors, its later pipeline stages send theirs to the first)."""
+    return parallel_state.get_data_parallel_rank() == 0
 
 
 class WeightBroadcaster:
