@@ -44,6 +44,7 @@ def load_hf_config(hf_dir_or_config: Any) -> Any:
 
 
 def check_supported(hf_config: Any) -> None:
+    """Raise ValueError (one line naming the field) for an HF config the bridge cannot reproduce."""
     # Every field that changes the HF model's numerics is either mapped below or refused here.
     # Accepted without mapping because the model's forward does not read them: pretraining_tp
     # (transformers 5 ignores it; older versions only split the same matmuls), bos / eos / pad
