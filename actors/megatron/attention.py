@@ -18,12 +18,13 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
@@ -183,6 +184,23 @@ def gpt_layer_spec(qk_layernorm: bool, use_sdpa: bool, attention_impl: Attention
     (``attention_impl``: how it attends packed sequences)."""
     spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
     if use_sdpa:
-        spec.submodules.self_attention.submodules.core_attention = ModuleSpec(
-            module=SDPAttention, params={"attention_impl": attention_impl})
+        _use_sdpa(spec, attention_impl)
     return spec
+
+
+def gpt_model_spec(config: TransformerConfig, use_sdpa: bool,
+                   attention_impl: AttentionImpl = "auto") -> ModuleSpec | TransformerBlockSubmodules:
+    """The layer spec of a dense model, or for an MoE model (``num_moe_experts``) the block spec
+    of this pipeline stage's layers, dense or MoE after ``moe_layer_freq``."""
+    if not config.num_moe_experts:
+        return gpt_layer_spec(config.qk_layernorm, use_sdpa, attention_impl)
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    if use_sdpa:
+        for spec in block.layer_specs:
+            _use_sdpa(spec, attention_impl)
+    return block
+
+
+def _use_sdpa(spec: ModuleSpec, attention_impl: AttentionImpl) -> None:
+    spec.submodules.self_attention.submodules.core_attention = ModuleSpec(
+        module=SDPAttention, params={"attention_impl": attention_impl})

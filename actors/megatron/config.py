@@ -125,7 +125,10 @@ class TrainerConfig:
 
         check_megatron_options(self.megatron)
         check_model_flags(self.megatron, self.hf_checkpoint)
-        check_pipeline_layout(split_megatron_overrides(self.megatron).transformer, self.hf_checkpoint)
+        transformer = split_megatron_overrides(self.megatron).transformer
+        check_pipeline_layout(transformer, self.hf_checkpoint)
+        from actors.megatron.moe_layout import check_moe_layout
+        check_moe_layout(transformer, self.hf_checkpoint)
         return self
 
     def preflight(self) -> None:

@@ -183,6 +183,19 @@ FALLBACKS: tuple[CpuFallback, ...] = (
         "dist_checkpointing.save broadcasts its write-failure flag from a cuda tensor",
     ),
     CpuFallback(
+        "megatron.core.transformer.moe.router",
+        "Router.gating",
+        ((_CUR_DEV, '"cpu"'),),
+        "the MoE router moves its CPU weight (and bias) to the current CUDA device on every forward",
+    ),
+    CpuFallback(
+        "megatron.core.transformer.moe.router",
+        "TopKRouter.__init__",
+        ((_CUR_DEV, '"cpu"'),),
+        "the MoE router's expert bias and token counters (sigmoid routing with expert-bias "
+        "correction, global aux loss) are created on cuda",
+    ),
+    CpuFallback(
         "megatron.core.tensor_parallel.mappings",
         "_gather_along_last_dim",
         ((_CUR_DEV, '"cpu"'),),

@@ -1,4 +1,4 @@
-"""Build a megatron-core GPTModel (local layer spec) for an HF Llama / Qwen2 / Qwen3 model."""
+"""Build a megatron-core GPTModel (local layer spec) for an HF model the bridge maps (dense or MoE)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
-from actors.megatron.attention import gpt_layer_spec
+from actors.megatron.attention import gpt_model_spec
 from actors.megatron.bridge import (
     gpt_model_args_from_hf,
     load_hf_config,
@@ -18,6 +18,7 @@ from actors.megatron.bridge import (
     transformer_config_from_hf,
 )
 from actors.megatron.cpu_compat import apply_cpu_compat
+from actors.megatron.te_absent import bind_missing_te_names
 
 
 def build_gpt_model(
@@ -41,6 +42,7 @@ def build_gpt_model(
     the model lives on CPU; on GPU it is moved to the current device.
     """
     apply_cpu_compat()
+    bind_missing_te_names()
     hf_config = load_hf_config(hf_dir_or_config)
     config = transformer_config_from_hf(hf_config, **(transformer_overrides or {}))
     if use_sdpa is None:
@@ -48,8 +50,7 @@ def build_gpt_model(
     args = gpt_model_args_from_hf(hf_config, parallel_state.get_tensor_model_parallel_world_size())
     model = GPTModel(
         config=config,
-        transformer_layer_spec=gpt_layer_spec(qk_layernorm=config.qk_layernorm, use_sdpa=use_sdpa,
-                                              attention_impl=attention_impl),
+        transformer_layer_spec=gpt_model_spec(config, use_sdpa=use_sdpa, attention_impl=attention_impl),
         vocab_size=args.vocab_size,
         max_sequence_length=args.max_sequence_length,
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -58,6 +59,7 @@ def build_gpt_model(
         share_embeddings_and_output_weights=args.share_embeddings_and_output_weights,
         position_embedding_type="rope",
         rotary_base=args.rotary_base,
+        rotary_percent=args.rotary_percent,
     )
     model.hf_vocab_size = args.hf_vocab_size
     # GPTModel's own RoPE arguments cover llama3 scaling only with Llama 3.1's constants, so the

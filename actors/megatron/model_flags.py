@@ -35,6 +35,7 @@ class MegatronLMModelFlags:
     max_position_embeddings: int | None = None
     use_rotary_position_embeddings: bool = False
     position_embedding_type: str | None = None
+    num_experts: int | None = None  # MoE: Megatron-LM's name for num_moe_experts
 
 
 MODEL_FLAG_NAMES = frozenset(f.name for f in fields(MegatronLMModelFlags))
@@ -42,7 +43,10 @@ MODEL_FLAG_NAMES = frozenset(f.name for f in fields(MegatronLMModelFlags))
 # TransformerConfig fields that describe the architecture: given as flags, they must match too.
 ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                        "kv_channels", "normalization", "layernorm_epsilon", "gated_linear_unit", "add_bias_linear",
-                       "add_qkv_bias", "qk_layernorm", "rotary_interleaved")
+                       "add_qkv_bias", "qk_layernorm", "rotary_interleaved",
+                       # MoE (None for a dense model)
+                       "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_shared_expert_intermediate_size",
+                       "moe_router_score_function", "moe_router_topk_scaling_factor")
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,8 @@ def _expectations(hf_config: Any) -> dict[str, _Expected]:
                                            f"{hf_config.num_attention_heads}",
                                            lambda given, expected: expected is None or given == expected),
         "rotary_base": _Expected(gpt.rotary_base, f"rope_theta = {gpt.rotary_base:g}", _close),
-        "rotary_percent": _Expected(1.0, "RoPE over the whole head", _close),
+        "rotary_percent": _Expected(gpt.rotary_percent, f"partial_rotary_factor = {gpt.rotary_percent:g}", _close),
+        **_moe_expectations(tc),
         "vocab_size": _Expected(gpt.hf_vocab_size, f"vocab_size = {gpt.hf_vocab_size}"),
         "untie_embeddings_and_output_weights": _Expected(
             not gpt.share_embeddings_and_output_weights,
@@ -99,6 +104,31 @@ def _expectations(hf_config: Any) -> dict[str, _Expected]:
                                 lambda given, expected: given <= expected),
         "use_rotary_position_embeddings": _Expected(True, f"{family} uses RoPE"),
         "position_embedding_type": _Expected("rope", f"{family} uses RoPE"),
+    }
+
+
+def _moe_expectations(tc: Any) -> dict[str, _Expected]:
+    """The MoE flags slime's scripts write (Megatron-LM's ``--num-experts`` included), as the
+    bridge derives them from the HF config; a dense model takes none of them."""
+    if not tc.num_moe_experts:
+        dense = _Expected(None, "a model without MoE layers")
+        return {name: dense for name in ("num_experts", "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk",
+                                         "moe_shared_expert_intermediate_size", "moe_router_score_function",
+                                         "moe_router_topk_scaling_factor")}
+    experts = _Expected(tc.num_moe_experts, f"num_experts = {tc.num_moe_experts}")
+    return {
+        "num_experts": experts,
+        "num_moe_experts": experts,
+        "moe_ffn_hidden_size": _Expected(tc.moe_ffn_hidden_size, f"moe_intermediate_size = {tc.moe_ffn_hidden_size}"),
+        "moe_router_topk": _Expected(tc.moe_router_topk, f"num_experts_per_tok = {tc.moe_router_topk}"),
+        "moe_shared_expert_intermediate_size": _Expected(
+            tc.moe_shared_expert_intermediate_size,
+            f"n_shared_experts x moe_intermediate_size = {tc.moe_shared_expert_intermediate_size}"),
+        "moe_router_score_function": _Expected(tc.moe_router_score_function,
+                                               f"the HF model's {tc.moe_router_score_function} router"),
+        "moe_router_topk_scaling_factor": _Expected(tc.moe_router_topk_scaling_factor,
+                                                    f"routed_scaling_factor = {tc.moe_router_topk_scaling_factor}",
+                                                    lambda given, expected: _close(given, expected or 1.0)),
     }
 
 

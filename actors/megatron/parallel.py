@@ -20,12 +20,16 @@ def init_model_parallel(
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     seed: int = 1234,
+    expert_parallel_size: int = 1,
+    expert_tensor_parallel_size: int | None = None,
     timeout_minutes: int = 30,
 ) -> None:
     """Join the torchrun process group and set up Megatron's TP/PP/DP groups and RNG.
 
     Reads the usual torchrun env (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT). Safe to
-    call when the default process group already exists (it is reused).
+    call when the default process group already exists (it is reused). MoE: the experts are
+    spread over ``expert_parallel_size`` ranks of the data-parallel ranks, each split over
+    ``expert_tensor_parallel_size`` (default: the TP size) ranks.
     """
     use_cuda = torch.cuda.is_available()
     if use_cuda:
@@ -45,6 +49,8 @@ def init_model_parallel(
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tensor_parallel_size,
             pipeline_model_parallel_size=pipeline_parallel_size,
+            expert_model_parallel_size=expert_parallel_size,
+            expert_tensor_parallel_size=expert_tensor_parallel_size,
             distributed_timeout_minutes=timeout_minutes,
         )
     seed_model_parallel_rng(seed)

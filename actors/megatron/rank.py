@@ -129,6 +129,8 @@ class MegatronRank:
             tensor_parallel_size=sections.transformer.get("tensor_model_parallel_size", 1),
             pipeline_parallel_size=sections.transformer.get("pipeline_model_parallel_size", 1),
             seed=config.seed,
+            expert_parallel_size=sections.transformer.get("expert_model_parallel_size", 1),
+            expert_tensor_parallel_size=sections.transformer.get("expert_tensor_parallel_size"),
         )
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         model = build_gpt_model(config.hf_checkpoint, sections.transformer, use_sdpa=config.use_sdpa, load_weights=True,

@@ -1,4 +1,5 @@
-"""Build a tiny random-init causal LM plus a locally trained tokenizer.
+"""Build a tiny random-init causal LM (Qwen2 / Llama / Qwen3, or a Qwen3-MoE) plus a locally
+trained tokenizer.
 
 Nothing can be downloaded in CI, so every test and the CPU quick start use a model written
 by this module: an HF-format directory (config.json, generation_config.json,
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-ARCHS = ("qwen2", "llama", "qwen3")
+ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe")
 
 PAD_TOKEN = "<|pad|>"
 BOS_TOKEN = "<|bos|>"
@@ -109,6 +110,8 @@ class TinyModelSpec:
     max_position_embeddings: int = 1024
     tie_word_embeddings: bool = False
     seed: int = 0
+    num_experts: int = 8  # qwen3_moe only: routed experts per layer
+    num_experts_per_tok: int = 2  # qwen3_moe only: top-k
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -123,6 +126,9 @@ class TinyModelSpec:
                 f"--num-attention-heads ({self.num_attention_heads}) must be divisible by "
                 f"--num-key-value-heads ({self.num_key_value_heads})"
             )
+        if self.arch == "qwen3_moe" and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"--num-experts-per-tok ({self.num_experts_per_tok}) must be in 1..--num-experts "
+                             f"({self.num_experts})")
         if self.vocab_size < 300:
             # 256 byte symbols + specials must fit before any merge is learned.
             raise ValueError(f"--vocab-size must be at least 300, got {self.vocab_size}")
@@ -189,7 +195,7 @@ def train_tokenizer(vocab_size: int, seed: int, corpus: Sequence[str] | None = N
 
 
 def _model_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     common = dict(
         vocab_size=spec.vocab_size,
@@ -211,6 +217,12 @@ def _model_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast):
     if spec.arch == "qwen3":
         # Qwen3 drops the qkv bias and adds RMSNorm on q and k per head.
         return Qwen3Config(head_dim=spec.hidden_size // spec.num_attention_heads, **common)
+    if spec.arch == "qwen3_moe":
+        # Qwen3's attention; every layer sparse, each expert half the dense MLP's width, top-k
+        # probabilities renormalised (as Qwen3-30B-A3B).
+        return Qwen3MoeConfig(head_dim=spec.hidden_size // spec.num_attention_heads, num_experts=spec.num_experts,
+                              num_experts_per_tok=spec.num_experts_per_tok,
+                              moe_intermediate_size=spec.intermediate_size // 2, norm_topk_prob=True, **common)
     return LlamaConfig(**common)
 
 
@@ -227,6 +239,8 @@ def build_tiny_model(
     tie_word_embeddings: bool = False,
     seed: int = 0,
     corpus: Sequence[str] | None = None,
+    num_experts: int = 8,
+    num_experts_per_tok: int = 2,
     chat_template: str = "plain",
 ) -> Path:
     """Write a random-init HF causal LM (safetensors) and its tokenizer to `out_dir`."""
@@ -241,6 +255,8 @@ def build_tiny_model(
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
         seed=seed,
+        num_experts=num_experts,
+        num_experts_per_tok=num_experts_per_tok,
     )
     spec.validate()
     if chat_template not in CHAT_TEMPLATES:
@@ -327,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             tie_word_embeddings=args.tie_word_embeddings,
             seed=args.seed,
             corpus=corpus,
+            num_experts=args.num_experts,
+            num_experts_per_tok=args.num_experts_per_tok,
             chat_template=args.chat_template,
         )
     except ValueError as exc:

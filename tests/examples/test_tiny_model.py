@@ -12,7 +12,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from examples.models.tiny import ARCHS, build_tiny_model, generate_corpus, main, train_tokenizer
 
-CLASS_NAMES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+CLASS_NAMES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+               "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 @pytest.fixture(scope="module")

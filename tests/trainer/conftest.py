@@ -1,4 +1,4 @@
-"""Tiny random HF checkpoints (Llama, Qwen2, Qwen3) and a torchrun launcher for trainer tests."""
+"""Tiny random HF checkpoints (Llama, Qwen2, Qwen3, Qwen3-MoE, GLM-4.5) and a torchrun launcher for trainer tests."""
 
 from __future__ import annotations
 
@@ -28,6 +28,22 @@ TINY_CONFIGS: dict[str, dict] = {
 }
 
 
+# Tiny MoE models (8 experts, hidden 64, 3 layers), each mixing dense and sparse layers and
+# covering one corner of the router: Qwen3-MoE with renormalised top-k (mlp_only_layers) and
+# without (decoder_sparse_step); GLM-4.5 with sigmoid scores + a random expert-score bias,
+# group-limited top-k, shared experts, a routed scaling factor, partial RoPE, qkv bias and qk-norm.
+MOE_TINY_CONFIGS: dict[str, dict] = {
+    "qwen3_moe": dict(model_type="qwen3_moe", vocab_size=128, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                      moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]),
+    "qwen3_moe_unnormed": dict(model_type="qwen3_moe", vocab_size=128, num_experts=8, num_experts_per_tok=3,
+                               moe_intermediate_size=32, norm_topk_prob=False, decoder_sparse_step=2),
+    "glm4_moe": dict(model_type="glm4_moe", vocab_size=127, head_dim=32, n_routed_experts=8, num_experts_per_tok=4,
+                     moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+                     routed_scaling_factor=1.5, norm_topk_prob=True, partial_rotary_factor=0.5, attention_bias=True,
+                     use_qk_norm=True, tie_word_embeddings=False),
+}
+
+
 def _make_tokenizer(vocab_size: int):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -46,13 +62,13 @@ def build_tiny_hf_model(out_dir: Path, arch: str, seed: int = 0) -> Path:
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    spec = dict(TINY_CONFIGS[arch])
+    spec = dict({**TINY_CONFIGS, **MOE_TINY_CONFIGS}[arch])
     model_type = spec.pop("model_type")
     config = AutoConfig.for_model(
         model_type,
         hidden_size=64,
         intermediate_size=96,
-        num_hidden_layers=2,
+        num_hidden_layers=3 if arch in MOE_TINY_CONFIGS else 2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
@@ -70,9 +86,19 @@ def build_tiny_hf_model(out_dir: Path, arch: str, seed: int = 0) -> Path:
                 param.copy_(1.0 + 0.1 * torch.randn_like(param))
             else:
                 param.normal_(0.0, 0.2)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # large enough to change which experts win
+                buffer.normal_(0.0, 0.3)
     model.save_pretrained(out_dir)
     _make_tokenizer(config.vocab_size).save_pretrained(out_dir)
     return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """arch -> directory of a saved tiny MoE checkpoint, for every arch in MOE_TINY_CONFIGS."""
+    root = tmp_path_factory.mktemp("tiny_moe")
+    return {arch: build_tiny_hf_model(root / arch, arch) for arch in MOE_TINY_CONFIGS}
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,62 @@
+"""The parallel layout of an MoE model in the trainer, checked at start (before any rank is spawned).
+
+The bridge maps every layout megatron-core builds (experts over ``--expert-model-parallel-size``
+ranks taken from the data-parallel ranks, each split over ``--expert-tensor-parallel-size``
+ranks), but the trainer trains MoE models with every expert on every rank for now: what it cannot
+run fails here with one line naming the flag, instead of a gloo abort or a hang inside the ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Token dispatchers that need CUDA (streams for the device-to-host sync, DeepEP / HybridEP kernels).
+_CUDA_DISPATCHERS = ("alltoall", "flex")
+
+
+def check_moe_layout(transformer: dict[str, Any], hf_checkpoint: str) -> None:
+    """Raise ValueError (one line) for an MoE layout the ranks could not train.
+
+    ``transformer``: the TransformerConfig pass-through.
+    """
+    tp = transformer.get("tensor_model_parallel_size", 1)
+    pp = transformer.get("pipeline_model_parallel_size", 1)
+    ep = transformer.get("expert_model_parallel_size", 1)
+    etp = transformer.get("expert_tensor_parallel_size") or tp
+    if transformer.get("moe_grouped_gemm"):
+        raise ValueError("--moe-grouped-gemm is not supported: the bridge maps the local spec's per-expert MLPs "
+                         "(SequentialMLP), and the grouped-GEMM experts hold their weights in another layout")
+    if tp == pp == ep == 1 and not {"expert_tensor_parallel_size", "moe_token_dispatcher_type"} & set(transformer):
+        return  # one rank's layout: nothing to check, no need to read the HF config
+    from actors.megatron.bridge import load_hf_config, transformer_config_from_hf
+
+    try:
+        hf_config = load_hf_config(hf_checkpoint)
+    except Exception:  # noqa: BLE001 - a missing model directory is reported by the preflight
+        return
+    experts = transformer_config_from_hf(hf_config).num_moe_experts  # refuses unmapped MoE fields too
+    if not experts:
+        if ep > 1 or transformer.get("expert_tensor_parallel_size"):
+            raise ValueError(f"--expert-model-parallel-size / --expert-tensor-parallel-size need an MoE model; "
+                             f"{hf_checkpoint} has no MoE layers")
+        return
+    if tp > 1:
+        raise ValueError(f"--tensor-model-parallel-size {tp} with the MoE model {hf_checkpoint}: megatron-core "
+                         "trains MoE layers under TP only with sequence parallelism, which the local layer spec "
+                         "refuses")
+    if ep > 1 or etp > 1:
+        # The bridge loads, exports and runs every such layout (tests/trainer/test_bridge_moe.py);
+        # the trainer's micro-batches are not aligned across the ranks yet.
+        raise ValueError(f"--expert-model-parallel-size {ep} / --expert-tensor-parallel-size {etp}: the trainer does "
+                         "not spread experts over ranks yet (each data-parallel rank cuts its own micro-batches, "
+                         "in number and shape, while megatron-core dispatches tokens to experts collectively "
+                         "over those ranks); train MoE models with the experts on every rank")
+    dispatcher = transformer.get("moe_token_dispatcher_type") or ("alltoall" if pp > 1 else "allgather")
+    if dispatcher in _CUDA_DISPATCHERS and not torch.cuda.is_available():
+        cause = (f"--moe-token-dispatcher-type {dispatcher}" if "moe_token_dispatcher_type" in transformer
+                 else f"--pipeline-model-parallel-size {pp} (its variable-length micro-batches need the alltoall "
+                      "token dispatcher)")
+        raise ValueError(f"{cause} with the MoE model {hf_checkpoint} needs CUDA; on CPU the experts are dispatched "
+                         "with allgather")
