@@ -93,6 +93,27 @@ def settings(path: str | None) -> Settings:
                     model=str(data.get("model", "policy")), max_tokens=max_tokens)
 
 
+def uses_hooks(config: Any) -> bool:
+    """Whether the rollout config names one of this module's hooks."""
+    paths = (config.custom_generate_function_path, config.rollout_function_path, config.custom_rm_path)
+    return any(path and path.replace(":", ".").startswith(__name__ + ".") for path in paths)
+
+
+def preflight(config: Any) -> None:
+    """At start, before anything is spawned: the settings are good, verifiers is installed and the env
+    module imports and has ``load_environment`` (ValueError naming what is wrong)."""
+    found = settings(config.custom_config_path)
+    require_verifiers()
+    from verifiers.utils.env_utils import import_env_module
+
+    try:
+        module = import_env_module(found.env_id)
+    except ImportError as error:
+        raise ValueError(f"verifiers env_id {found.env_id!r} does not import: {error}") from None
+    if not callable(getattr(module, "load_environment", None)):
+        raise ValueError(f"verifiers env_id {found.env_id!r}: {module.__name__} has no load_environment()")
+
+
 _envs: dict[tuple[str, str], Any] = {}
 _envs_lock = threading.Lock()
 
