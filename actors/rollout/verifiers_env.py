@@ -124,6 +124,9 @@ def load_env(env_id: str, env_args: dict[str, Any]) -> Any:
     with _envs_lock:
         if key not in _envs:
             vf = require_verifiers()
+            import datasets
+
+            datasets.disable_progress_bars()  # load_environment's dataset.map calls: bars on the run's console
             try:
                 _envs[key] = vf.load_environment(env_id, **env_args)
             except (ValueError, RuntimeError) as error:  # verifiers wraps import and load errors
@@ -284,9 +287,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="directory for train.jsonl and heldout.jsonl")
     args = parser.parse_args(argv)
     try:
-        import datasets
-
-        datasets.disable_progress_bars()  # the env's dataset.map calls: one bar per split otherwise
         config = settings(args.config)
         env = load_env(config.env_id, config.env_args)
         splits = {"train.jsonl": rows(env, "train"), "heldout.jsonl": rows(env, "eval")}
