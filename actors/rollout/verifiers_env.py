@@ -44,9 +44,13 @@ from typing import Any
 
 import yaml
 
+from actors.rollout.generate import TRAJECTORY_SESSION
+from slime_async.generation import GenerationFailed
+
 log = logging.getLogger(__name__)
 
 METADATA_KEY = "verifiers"  # sample.metadata key: {"input": the env's rollout input, "rollout": id}
+CONNECT_TIMEOUT_S = 60.0  # of each request to the front (see _rollout)
 MAX_PENDING = 4096  # rolled-out states awaiting their rubric (a failed group's are evicted oldest first)
 SETTINGS = ("env_id", "env_args", "model", "max_tokens")
 
@@ -198,7 +202,11 @@ async def _rollout(env: Any, row: dict[str, Any], base_url: str, api_key: str, m
     import openai
 
     vf = require_verifiers()
-    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as native:
+    # The front is on 127.0.0.1, but on a saturated machine its accept can take longer than the
+    # client's 5 s connect timeout (measured: load 40, a fully-async run lost whole groups to
+    # ConnectTimeout); the read timeout stays the client's default.
+    timeout = openai.Timeout(600.0, connect=CONNECT_TIMEOUT_S)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout) as native:
         return await env.rollout(row, vf.OpenAIChatCompletionsClient(native), model, args)
 
 
@@ -213,8 +221,12 @@ async def generate(ctx: Any, sample: Any, sampling_params: dict[str, Any]) -> li
     base_url = ctx.openai_base_url(sample)
     state = await env_loop().run(_rollout(env, row, base_url, ctx.router_api_key or "unused", config.model,
                                           sampling_args(sampling_params, config.max_tokens)))
-    if state.get("error") is not None:
-        log.debug("verifiers env %s: rollout ended with %r", config.env_id, state["error"])
+    error = state.get("error")
+    if error is not None and not state.get("trajectory"):
+        # No turn was recorded: verifiers turned the failure into state["error"]; say what it was.
+        ctx.router.tell("end_session", ctx.trajectory_session(sample))
+        sample.metadata.pop(TRAJECTORY_SESSION, None)
+        raise GenerationFailed(f"verifiers env {config.env_id}: the rollout made no model turn: {_chain(error)}")
     pieces = await ctx.collect_trajectory(sample)
     key = _keep(state)
     turns = len(state.get("trajectory") or [])
@@ -222,6 +234,15 @@ async def generate(ctx: Any, sample: Any, sampling_params: dict[str, Any]) -> li
         piece.metadata[METADATA_KEY] = {**piece.metadata.get(METADATA_KEY, {}), "rollout": key}
     pieces[-1].metadata["metrics"] = {"turns": turns, "env_errors": float(state.get("error") is not None)}
     return pieces
+
+
+def _chain(error: BaseException) -> str:
+    """``error`` and its causes in one line (verifiers wraps client errors in ModelError)."""
+    parts = []
+    while error is not None and len(parts) < 4:
+        parts.append(f"{type(error).__name__}({str(error)[:200]})" if str(error) else type(error).__name__)
+        error = error.__cause__
+    return " <- ".join(parts)
 
 
 async def _score(env: Any, states: list[Any]) -> None:
