@@ -59,6 +59,12 @@ def _prepare_reasoning_gym(argv: list[str]) -> int:
     return main(argv)
 
 
+def _prepare_verifiers(argv: list[str]) -> int:
+    from actors.rollout.verifiers_env import main
+
+    return main(argv)
+
+
 def _train(argv: list[str]) -> int:
     quiet_python_warnings()
     # Light imports until the flags are parsed: `--help` needs neither torch nor megatron-core (a full
@@ -86,6 +92,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "convert": (_convert, "convert checkpoints: hf-to-megatron, megatron-to-hf"),
     "prepare-reasoning-gym": (_prepare_reasoning_gym, "write train/held-out JSONL from a reasoning-gym generator "
                               "(for --rm-type reasoning_gym)"),
+    "prepare-verifiers": (_prepare_verifiers, "write train/held-out JSONL from a verifiers environment's datasets "
+                          "(for actors.rollout.verifiers_env's hooks)"),
     "agent": (_agent, "run process children on this node for a head on another (multi-node runs: --head HOST:PORT)"),
 }
 

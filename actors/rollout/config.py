@@ -146,6 +146,13 @@ class RolloutConfig:
                 require_package()
             except ValueError as error:
                 raise ValueError(f"--rm-type reasoning_gym: {error}") from None
+        from actors.rollout import verifiers_env
+
+        if verifiers_env.uses_hooks(self):
+            try:
+                verifiers_env.preflight(self)
+            except ValueError as error:
+                raise ValueError(f"--custom-config-path (verifiers hooks): {error}") from None
         if self.custom_generate_function_path:
             check_hook(self.custom_generate_function_path, "--custom-generate-function-path", (3,),
                        "generate(ctx, sample, sampling_params)")
