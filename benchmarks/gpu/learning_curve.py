@@ -80,10 +80,10 @@ def plot(runs: list[tuple[str, list[dict[str, Any]]]], png: Path, title: str) ->
                    if r.get("rollout/reward_mean") is not None]
         if rollout:
             ax.plot([t / 60 for t, _ in rollout], [v for _, v in rollout], color=colour, alpha=0.35,
-                    linewidth=1, label=f"{label}: rollout reward (T=0.7, per step)")
+                    linewidth=1, label=f"{label}: rollout reward (per step)")
         if evals:
             ax.plot([t / 60 for _, t, _ in evals], [a for _, _, a in evals], marker="o", color=colour,
-                    linewidth=2, label=f"{label}: held-out accuracy (greedy, 256 problems)")
+                    linewidth=2, label=f"{label}: held-out accuracy (greedy)")
     ax.set_xlabel("wall time since the run started (min)")
     ax.set_ylabel("accuracy / reward")
     ax.set_ylim(0, 1)
