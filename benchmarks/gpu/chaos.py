@@ -20,8 +20,8 @@ until the fault is in (--debug-hold-weight-sync; see inject()).
 A row per fault (markdown, and JSON lines beside it): the outcome (completes / resumes from its
 checkpoint / fails, with the run's last line), prompts lost (among the first steps x batch rows,
 never trained) and repeated (trained in more than one group), and the seconds from the fault to the
-first step trained once the target is back (the engine answers /health again; the run restarted
-from its checkpoint), beside the baseline's median step time. The same logic runs against
+first step that could only be trained with the target back (see run_fault), beside the baseline's
+median step time. The same logic runs against
 the CPU engine (tests/benchmarks/test_chaos_driver.py) and against SGLang (benchmarks/gpu/chaos.sh).
 
     python -m benchmarks.gpu.chaos --out OUT --faults none,kill9-engine-disk-update -- TRAIN FLAGS...
@@ -153,14 +153,6 @@ def engine_url(run: Run) -> str:
     return urls[-1].split(",")[0] if urls else ""
 
 
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=1) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def running_requests(url: str) -> int:
     try:
         with urllib.request.urlopen(url + "/v1/loads", timeout=5) as response:
@@ -198,6 +190,12 @@ def wait_gone(pid: int, deadline: float) -> None:
     raise RuntimeError(f"process {pid} still alive after SIGKILL")
 
 
+def last_step(run: Run) -> int:
+    """The last step whose metrics row is written now."""
+    run.poll()
+    return max(run.step_times, default=0)
+
+
 def inject(run: Run, fault: Fault, after: int, stop_seconds: float, deadline: float,
            hold: Path | None = None) -> tuple[float, int]:
     """Wait for the fault's moment, inject it; (when, the last step trained before it).
@@ -215,11 +213,10 @@ def inject(run: Run, fault: Fault, after: int, stop_seconds: float, deadline: fl
     pid = engine_pid(run) if fault.target == "engine" else rank_pid(run)
     if pid is None:
         raise RuntimeError(f"no {fault.target} process to inject into")
-    run.poll()
-    step = max(run.step_times, default=0)
     when = time.monotonic()
     if fault.action == "stop":
         os.killpg(os.getpgid(pid), signal.SIGSTOP)
+        step = last_step(run)
         time.sleep(stop_seconds)
         os.killpg(os.getpgid(pid), signal.SIGCONT)
     else:
@@ -228,6 +225,7 @@ def inject(run: Run, fault: Fault, after: int, stop_seconds: float, deadline: fl
         else:
             os.kill(pid, signal.SIGKILL)
         wait_gone(pid, deadline)  # gone before the sync goes on: the fault is inside its pause
+        step = last_step(run)  # a held sync's own step has no row yet: it comes after the release
     if hold is not None:
         hold.unlink(missing_ok=True)
     return when, step
@@ -264,20 +262,12 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
             "--save-debug-rollout-data", str(dump), *flags]
     run = Run(run_dir, argv, {**os.environ})
     deadline = time.monotonic() + args.timeout
-    fault_at = back_at = None
+    fault_at = None
     try:
         if fault.trigger:
             fault_at, row.injected_at_step = inject(run, fault, args.fault_after, args.stop_seconds, deadline, hold)
-        url = engine_url(run)
         while run.alive() and time.monotonic() < deadline:
             run.poll()
-            # Back: the engine answers again on its URL (continued, or restarted: inject saw the killed
-            # one gone, so an answer now is its successor's); the trainer, once the run has restarted.
-            if fault_at is not None and back_at is None:
-                if fault.target == "rank":
-                    back_at = time.monotonic() if "restart 1 of" in run.log() else None
-                elif healthy(url):
-                    back_at = time.monotonic()
             time.sleep(0.2)
     except RuntimeError as error:
         row.notes.append(str(error))
@@ -294,11 +284,14 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
     row.outcome = ("fails" if row.exit_code != 0 else
                    "resumes from its checkpoint" if restarted else "completes")
     times = sorted(run.step_times.items())
-    if back_at is not None:  # the first step trained once the target was back
-        # ... that needed it: the step a killed engine's sync belongs to was trained before the
-        # fault (its row only says that the sync ended).
-        first = args.fault_after + (2 if fault.trigger == "sync" and fault.target == "engine" else 1)
-        after = [t for step, t in times if step >= first and t > back_at]
+    if fault_at is not None:
+        # The first step that could only be trained with the target back. One engine, sync mode
+        # (staleness 0): the next step's generation starts after the sync of the last, so a killed
+        # or stopped engine's step (the one being generated, or the one after a held sync: that
+        # sync's own step trained before the fault, its row only says the sync ended) waits for the
+        # engine; a killed rank's step is trained again by the restarted run.
+        first = row.injected_at_step + (2 if fault.trigger == "sync" and fault.target == "engine" else 1)
+        after = [t for step, t in times if step >= first and t > fault_at]
         row.recover_s = round(after[0] - fault_at, 2) if after else None
     elif len(times) > 2:
         row.median_step_s = round(statistics.median(b - a for (_, a), (_, b) in zip(times[1:], times[2:])), 2)
