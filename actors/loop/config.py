@@ -59,6 +59,9 @@ class TrainConfig:
         "dump every training batch of samples here (JSONL per step) for --debug-train-only"))
     load_debug_rollout_data: str | None = field(default=None, metadata=_help(
         "replay rollouts dumped by --save-debug-rollout-data"))
+    debug_hold_weight_sync: str | None = field(default=None, metadata=_help(
+        "fault injection at a known moment (benchmarks/gpu/chaos.py): a weight sync vN for which this directory "
+        "holds a file hold-vN waits, its engines paused, after its 'transfer ... begins' line until the file is removed"))
 
     def validate(self) -> None:
         if self.weight_update_mode in RENAMED:
@@ -112,3 +115,5 @@ class TrainConfig:
             require_writable_dir(self.save_debug_rollout_data, "--save-debug-rollout-data")
         if self.debug_train_only:
             require_dir(self.load_debug_rollout_data, "--load-debug-rollout-data")
+        if self.debug_hold_weight_sync:
+            require_dir(self.debug_hold_weight_sync, "--debug-hold-weight-sync")

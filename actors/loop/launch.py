@@ -176,7 +176,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             run_dir / "weights", api_key=config.engine.engine_api_key, timeout=config.train.weight_update_timeout,
             delta_receivers=fleet.delta_receivers | config.train.delta_receivers(),
             export_dir_check=export_dir_check(cluster, fleet, child("trainer"), run_dir / "weights"),
-            colocate=config.train.colocate, trace=trace))))
+            colocate=config.train.colocate, trace=trace,
+            hold_dir=Path(config.train.debug_hold_weight_sync) if config.train.debug_hold_weight_sync else None))))
 
     teacher = None if teacher_url is None else TeacherScorer(
         teacher_url, api_key=config.engine.engine_api_key, timeout=config.engine.engine_request_timeout)

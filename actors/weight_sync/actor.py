@@ -71,7 +71,8 @@ class WeightSyncActor(Actor):
                  api_key: str | None = None, timeout: float | None = 300.0,
                  delta_receivers: Mapping[str, str] | None = None,
                  export_dir_check: Callable[[], Awaitable[None]] | None = None,
-                 colocate: bool = False, trace: TraceRecorder | None = None, watch_interval: float = 1.0) -> None:
+                 colocate: bool = False, trace: TraceRecorder | None = None, watch_interval: float = 1.0,
+                 hold_dir: Path | None = None) -> None:
         super().__init__()
         if transport not in TRANSPORTS:
             raise WeightSyncError(f"--update-weight-transport: {transport!r} is not one of {', '.join(TRANSPORTS)}")
@@ -82,6 +83,7 @@ class WeightSyncActor(Actor):
         self.timeout = timeout
         self.trace = trace or TraceRecorder.off()
         self.watch_interval = watch_interval
+        self.hold_dir = hold_dir  # --debug-hold-weight-sync (see _hold)
         # --colocate: the phases around the update on the shared devices (its tensor transport).
         self.colocation = Colocation(trainer, router, api_key=api_key, timeout=timeout) if colocate else None
         self.transport: Transport = self._transport(trainer, transport, weights_dir, delta_receivers or {},
@@ -129,6 +131,7 @@ class WeightSyncActor(Actor):
         # The engines are paused from here to the resume (benchmarks/gpu/chaos.py injects faults at this line).
         log.info("weight sync v%d: %s transfer to %d engine(s) begins (%s)", version, self.transport_name, len(urls),
                  self.mode)
+        await self._hold(version)
         with self.trace.span(f"transfer ({self.transport_name})", lane, cat="weight_sync", engines=len(urls)):
             async with self._clients(urls) as clients:
                 if self.colocation is not None:
@@ -154,6 +157,21 @@ class WeightSyncActor(Actor):
         if behind:
             log.error("weight sync v%d: engines not serving the new version: %s", version, behind)
         return time.monotonic() - started
+
+    async def _hold(self, version: int) -> None:
+        """--debug-hold-weight-sync: while ``hold-v<version>`` is in the directory, wait here with the
+        engines paused, so a chaos driver injects its fault inside this sync's pause (a fast transfer is
+        over in milliseconds, before a driver watching the log could act) and releases it by removing
+        the file. A file, not a signal or a message: the driver is another process that only reads the log."""
+        if self.hold_dir is None:
+            return
+        hold = self.hold_dir / f"hold-v{version}"
+        if not hold.exists():
+            return
+        log.info("weight sync v%d: held until %s is removed", version, hold)
+        while hold.exists():
+            await asyncio.sleep(0.05)
+        log.info("weight sync v%d: released", version)
 
     async def refresh_stale(self) -> list[str]:
         """Load the current weights into every engine the router keeps out as stale (healthy,

@@ -14,11 +14,14 @@ injected once step ``--fault-after`` has trained:
 | sigstop-engine | the engine reports running requests | SIGSTOP for --stop-seconds, then SIGCONT |
 | kill9-trainer-rank-update | a weight sync begins | SIGKILL of trainer rank 0 (the run saves every step) |
 
+A weight-update fault hits the sync of step fault-after + 1, which the run holds, its engines paused,
+until the fault is in (--debug-hold-weight-sync; see inject()).
+
 A row per fault (markdown, and JSON lines beside it): the outcome (completes / resumes from its
 checkpoint / fails, with the run's last line), prompts lost (among the first steps x batch rows,
 never trained) and repeated (trained in more than one group), and the seconds from the fault to the
-first step trained once the target is back (the engine answers /health again; the run restarted
-from its checkpoint), beside the baseline's median step time. The same logic runs against
+first step that could only be trained with the target back (see run_fault), beside the baseline's
+median step time. The same logic runs against
 the CPU engine (tests/benchmarks/test_chaos_driver.py) and against SGLang (benchmarks/gpu/chaos.sh).
 
     python -m benchmarks.gpu.chaos --out OUT --faults none,kill9-engine-disk-update -- TRAIN FLAGS...
@@ -42,7 +45,8 @@ from pathlib import Path
 
 import psutil
 
-SYNC_BEGINS = re.compile(r"weight sync v(\d+): \w+ transfer to \d+ engine\(s\) begins")
+# The weight sync's line once --debug-hold-weight-sync holds it, its engines paused (actors/weight_sync/actor.py).
+SYNC_HELD = "weight sync v{version}: held until"
 ENGINES = re.compile(r"engines \(\w+\): (\S+)")
 ENGINE_PROCESS = ("actors.engine.cpu", "sglang.launch_server")
 
@@ -149,14 +153,6 @@ def engine_url(run: Run) -> str:
     return urls[-1].split(",")[0] if urls else ""
 
 
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=1) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def running_requests(url: str) -> int:
     try:
         with urllib.request.urlopen(url + "/v1/loads", timeout=5) as response:
@@ -176,28 +172,62 @@ def wait_for(run: Run, condition, deadline: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def inject(run: Run, fault: Fault, after: int, stop_seconds: float, deadline: float) -> tuple[float, int]:
-    """Wait for the fault's moment, inject it; (when, the last step trained before it)."""
-    wait_for(run, lambda: max(run.step_times, default=0) >= after, deadline, f"trained step {after}")
+def hold_file(hold_dir: Path, after: int) -> Path:
+    """The file that holds the weight sync a sync fault hits: v(after + 1), the first to begin once
+    step ``after`` has trained (a step's metrics row is written after its own sync)."""
+    return hold_dir / f"hold-v{after + 1}"
+
+
+def wait_gone(pid: int, deadline: float) -> None:
+    """Until ``pid`` has exited (a zombie counts: it answers nothing)."""
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"process {pid} still alive after SIGKILL")
+
+
+def last_step(run: Run) -> int:
+    """The last step whose metrics row is written now."""
+    run.poll()
+    return max(run.step_times, default=0)
+
+
+def inject(run: Run, fault: Fault, after: int, stop_seconds: float, deadline: float,
+           hold: Path | None = None) -> tuple[float, int]:
+    """Wait for the fault's moment, inject it; (when, the last step trained before it).
+
+    A sync fault's moment does not race the run: the run holds that sync, engines paused, until
+    the fault is in (``hold``, --debug-hold-weight-sync); an in-place sync of a small model is
+    over in tens of milliseconds, less than a log-watching driver may take to notice it."""
     if fault.trigger == "generating":
+        wait_for(run, lambda: max(run.step_times, default=0) >= after, deadline, f"trained step {after}")
         url = engine_url(run)
         wait_for(run, lambda: running_requests(url) > 0, deadline, "a request running on the engine")
     elif fault.trigger == "sync":
-        seen = len(SYNC_BEGINS.findall(run.log()))
-        wait_for(run, lambda: len(SYNC_BEGINS.findall(run.log())) > seen, deadline, "a weight sync beginning")
+        held = SYNC_HELD.format(version=after + 1)
+        wait_for(run, lambda: held in run.log(), deadline, f"weight sync v{after + 1} held")
     pid = engine_pid(run) if fault.target == "engine" else rank_pid(run)
     if pid is None:
         raise RuntimeError(f"no {fault.target} process to inject into")
-    step = max(run.step_times, default=0)
     when = time.monotonic()
     if fault.action == "stop":
         os.killpg(os.getpgid(pid), signal.SIGSTOP)
+        step = last_step(run)
         time.sleep(stop_seconds)
         os.killpg(os.getpgid(pid), signal.SIGCONT)
-    elif fault.target == "engine":
-        os.killpg(os.getpgid(pid), signal.SIGKILL)  # the server and its schedulers, as a crash would
     else:
-        os.kill(pid, signal.SIGKILL)
+        if fault.target == "engine":
+            os.killpg(os.getpgid(pid), signal.SIGKILL)  # the server and its schedulers, as a crash would
+        else:
+            os.kill(pid, signal.SIGKILL)
+        wait_gone(pid, deadline)  # gone before the sync goes on: the fault is inside its pause
+        step = last_step(run)  # a held sync's own step has no row yet: it comes after the release
+    if hold is not None:
+        hold.unlink(missing_ok=True)
     return when, step
 
 
@@ -222,33 +252,30 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
     run_dir = args.out / "runs" / name
     dump = run_dir.parent / f"{name}-dump"
     flags = [flag.replace("{run}", str(run_dir.parent / name)) for flag in fault.flags]
+    hold = None
+    if fault.trigger == "sync":
+        hold = hold_file(run_dir.parent / f"{name}-hold", args.fault_after)
+        hold.parent.mkdir(parents=True, exist_ok=True)
+        hold.touch()
+        flags += ["--debug-hold-weight-sync", str(hold.parent)]
     argv = [*base, "--train-mode", "sync", "--no-rollout-shuffle", "--num-rollout", str(args.steps),
             "--save-debug-rollout-data", str(dump), *flags]
     run = Run(run_dir, argv, {**os.environ})
     deadline = time.monotonic() + args.timeout
-    fault_at = back_at = None
+    fault_at = None
     try:
         if fault.trigger:
-            fault_at, row.injected_at_step = inject(run, fault, args.fault_after, args.stop_seconds, deadline)
-        url = engine_url(run)
-        down_seen = fault.action == "stop"  # a killed engine counts as back only after it was seen down
+            fault_at, row.injected_at_step = inject(run, fault, args.fault_after, args.stop_seconds, deadline, hold)
         while run.alive() and time.monotonic() < deadline:
             run.poll()
-            # Back: the engine answers again on its URL (restarted, or continued); the trainer, once
-            # the run has restarted from its checkpoint.
-            if fault_at is not None and back_at is None:
-                if fault.target == "rank":
-                    back_at = time.monotonic() if "restart 1 of" in run.log() else None
-                elif not down_seen:
-                    down_seen = not healthy(url)
-                elif healthy(url):
-                    back_at = time.monotonic()
             time.sleep(0.2)
     except RuntimeError as error:
         row.notes.append(str(error))
     finally:
         run.stop()
         run.poll()
+        if hold is not None:
+            hold.unlink(missing_ok=True)
     log = run.log()
     row.exit_code = run.process.returncode
     row.steps_trained = len(run.step_times)
@@ -257,8 +284,14 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
     row.outcome = ("fails" if row.exit_code != 0 else
                    "resumes from its checkpoint" if restarted else "completes")
     times = sorted(run.step_times.items())
-    if back_at is not None:  # the first step trained once the target was back
-        after = [t for step, t in times if t > back_at]
+    if fault_at is not None:
+        # The first step that could only be trained with the target back. One engine, sync mode
+        # (staleness 0): the next step's generation starts after the sync of the last, so a killed
+        # or stopped engine's step (the one being generated, or the one after a held sync: that
+        # sync's own step trained before the fault, its row only says the sync ended) waits for the
+        # engine; a killed rank's step is trained again by the restarted run.
+        first = row.injected_at_step + (2 if fault.trigger == "sync" and fault.target == "engine" else 1)
+        after = [t for step, t in times if step >= first and t > fault_at]
         row.recover_s = round(after[0] - fault_at, 2) if after else None
     elif len(times) > 2:
         row.median_step_s = round(statistics.median(b - a for (_, a), (_, b) in zip(times[1:], times[2:])), 2)
@@ -299,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.faults.split(",") if name not in FAULTS]
     if unknown:
         parser.error(f"--faults: unknown {unknown}; choose from {', '.join(FAULTS)}")
+    # The step a fault hits must be followed by one trained once the target is back (recover_s).
+    short = [name for name in args.faults.split(",") if FAULTS[name].trigger
+             and args.steps < args.fault_after + (2 if FAULTS[name].trigger == "sync" else 1)]
+    if short:
+        parser.error(f"--steps {args.steps} leaves no step to train after {', '.join(short)} with --fault-after "
+                     f"{args.fault_after}: a sync fault needs --steps of at least --fault-after + 2, others + 1")
     if "--prompt-data" not in base:
         parser.error("the train flags after -- must give --prompt-data (the expected prompts are read from it)")
     args.data = Path(base[base.index("--prompt-data") + 1])

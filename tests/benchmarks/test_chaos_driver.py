@@ -48,6 +48,17 @@ def test_kill_9_of_the_cpu_engine_paused_in_place_completes_with_no_prompt_lost_
     row = json.loads((out / "chaos.jsonl").read_text())
     assert row["outcome"] == "completes", (out / "kill9-engine-paused-in-place.log").read_text()[-3000:]
     assert (row["steps_trained"], row["prompts_lost"], row["prompts_repeated"]) == (3, 0, 0)
-    assert row["recover_s"] is not None and row["recover_s"] > 0
-    assert "weight sync v" in (out / "kill9-engine-paused-in-place.log").read_text()
+    assert row["recover_s"] > 0 and row["injected_at_step"] == 1
+    # The engine died inside sync v2's pause (held there until the driver saw it gone): its transfer failed.
+    log = (out / "kill9-engine-paused-in-place.log").read_text()
+    held = log.index("weight sync v2: held until")
+    assert held < log.index("weight sync v2: released", held) < log.index("weight update failed on 1 engine(s)", held)
     assert (out / "chaos.md").read_text().splitlines()[2].startswith("| kill9-engine-paused-in-place | completes | 3 |")
+
+
+def test_a_fault_with_no_step_after_it_to_recover_by_is_refused_at_start(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--faults", "kill9-engine-paused-in-place", "--steps", "2", "--fault-after", "1",
+              "--", "--prompt-data", str(tmp_path / "prompts.jsonl")])
+    assert "--steps 2 leaves no step to train after kill9-engine-paused-in-place" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing was started

@@ -156,6 +156,8 @@ CASES = {
                             r"--critic-load \S+/nowhere: no critic checkpoint there"),
     "load_debug_rollout_data_missing": (["--debug-train-only", "--load-debug-rollout-data", "{root}/nowhere"],
                                         r"--load-debug-rollout-data \S+/nowhere: no such directory"),
+    "debug_hold_weight_sync_missing": (["--debug-hold-weight-sync", "{root}/nowhere"],
+                                       r"--debug-hold-weight-sync \S+/nowhere: no such directory"),
     "custom_config_path_missing": (["--custom-config-path", "{root}/nowhere.yaml"],
                                    r"--custom-config-path \S+/nowhere.yaml: no such file"),
     "custom_config_path_a_directory": (["--custom-config-path", "{root}/empty"],

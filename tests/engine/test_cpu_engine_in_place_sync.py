@@ -30,6 +30,7 @@ from slime_async.sample import Sample
 
 PROMPT = [5, 6, 7]
 LONG = {"temperature": 0, "max_new_tokens": 96, "ignore_eos": True}
+SPLIT = 8  # output tokens each request has when the in-place sync lands
 
 
 @pytest.fixture
@@ -100,6 +101,12 @@ def greedy_reference(model_dir: Path, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+async def post_ok(http: aiohttp.ClientSession, url: str, body: dict) -> dict:
+    async with http.post(url, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
 # On a private engine: the suite's engines are strict (tests/conftest.py), so a sync that sent SGLang
 # a request it dies on (a flushing update while requests are paused in place) would end this one.
 async def test_an_in_place_sync_keeps_requests_running_and_their_later_tokens_carry_the_new_version(
@@ -112,10 +119,20 @@ async def test_an_in_place_sync_keeps_requests_running_and_their_later_tokens_ca
     samples = [Sample(group_index=0, index=i, tokens=list(PROMPT)) for i in range(2)]
     before = await server_stats(engine_url)
     try:
-        turns = [asyncio.ensure_future(ctx.generate_turn(s, LONG)) for s in samples]
-        async with asyncio.timeout(60):
-            while (await server_stats(engine_url))["num_decode_steps"] < before["num_decode_steps"] + 8:
-                await asyncio.sleep(0.01)  # the sync must land well before the 96th token
+        async with aiohttp.ClientSession() as http:
+            # No race with the generations: the engine holds both until they are there, so they join
+            # its batch in one step (two requests sent apart can start steps apart under load), and it
+            # pauses in place once they have SPLIT tokens; the sync's own pause then finds them there.
+            await post_ok(http, engine_url + "/pause_generation", {"mode": "in_place"})
+            turns = [asyncio.ensure_future(ctx.generate_turn(s, LONG)) for s in samples]
+            async with asyncio.timeout(60):
+                while (await server_stats(engine_url))["num_held_reqs"] < len(samples):
+                    await asyncio.sleep(0.01)
+            async with http.post(engine_url + "/debug/pause_in_place_at", json={"output_tokens": SPLIT}) as armed:
+                assert armed.status == 200  # the headers come once armed
+                await post_ok(http, engine_url + "/continue_generation", {})
+                paused = await armed.json()
+        assert paused["output_tokens"] == SPLIT
         await sync.ask("sync", 1)
         async with asyncio.timeout(120):
             finishes = await asyncio.gather(*turns)
@@ -136,10 +153,9 @@ async def test_an_in_place_sync_keeps_requests_running_and_their_later_tokens_ca
     for sample in samples:
         assert not sample.metadata.get("resumes")
         assert sample.response_length == LONG["max_new_tokens"]
-        split = sample.token_versions.index(1)
         # Version 0 up to the sync (the old model's greedy tokens), version 1 after it.
-        assert 8 <= split < LONG["max_new_tokens"] and set(sample.token_versions[split:]) == {1}
-        assert sample.response_tokens[:split] == old_greedy[:split]
+        assert sample.token_versions == [0] * SPLIT + [1] * (LONG["max_new_tokens"] - SPLIT)
+        assert sample.response_tokens[:SPLIT] == old_greedy[:SPLIT]
     assert fresh["output_ids"] == greedy_reference(new_dir, PROMPT, 10)  # the weights are exactly the new ones
     assert fresh["meta_info"]["weight_version"] == "1"
 
