@@ -249,6 +249,7 @@ def summarize(result: LoadResult, before: dict[str, Any], after: dict[str, Any],
         "front_added_p50_ms": quantile_ms(added, 0.5), "front_added_p99_ms": quantile_ms(added, 0.99),
         "loop_lag_p50_ms": quantile_ms(lag, 0.5), "loop_lag_p99_ms": quantile_ms(lag, 0.99),
         "loop_lag_max_ms": (max(lag) + 1.0) if lag else None, "loop_lag_samples": sum(lag.values()),
+        **_gc_row(before.get("gc_pauses"), after.get("gc_pauses")),
         "router_cpu_ms_per_request": (round(router_cpu * 1000 / result.requests, 2)
                                       if router_cpu is not None and result.requests else None),
         "rss_growth_mib": round(rss[1] - rss[0], 1),
@@ -256,6 +257,17 @@ def summarize(result: LoadResult, before: dict[str, Any], after: dict[str, Any],
         "errors": sum(result.errors.values()), "first_error": next(iter(result.errors), None),
         "load_average_1m": round(__import__("os").getloadavg()[0], 1),  # other work on the machine
     }
+
+
+def _gc_row(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+    """The garbage collector's pauses during the load (a router without the histogram: none)."""
+    if before is None or after is None:
+        return {}
+    pauses = buckets_of(after, before)
+    seconds = {g: after["seconds_by_generation"].get(g, 0.0) - before["seconds_by_generation"].get(g, 0.0)
+               for g in after["seconds_by_generation"]}
+    return {"gc_collections": sum(pauses.values()), "gc_pause_max_ms": (max(pauses) + 1.0) if pauses else None,
+            "gc_full_collections_s": round(seconds.get("2", 0.0), 3), "gc_total_s": round(sum(seconds.values()), 3)}
 
 
 def print_table(label: str, row: dict[str, Any]) -> None:
@@ -291,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop strings every request sends (ReAct agents stop at 'Observation:'; "
                              "none: --stop with no value); they make the front search the text after every chunk")
     parser.add_argument("--chunk-tokens", type=int, default=None, help="the router's --chunk-tokens (default its own)")
-    parser.add_argument("--profile", type=Path, default=None, help="run the router under cProfile, stats here")
+    parser.add_argument("--front-concurrency", type=int, default=None,
+                        help="the router's --front-concurrency (default its own; 0 = no bound)")
+    parser.add_argument("--profile", type=Path, default=None, help="run the router under cProfile (its main thread's CPU time, benchmarks/cpu_profile.py), stats here")
     parser.add_argument("--json", type=Path, default=None, help="also write the row here")
     args = parser.parse_args(argv)
     if args.engine_url is not None and args.model_path is None:
@@ -315,11 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         engine, engine_url = start_local_engine(model, work / "engine.log")
     router = None
     try:
-        profile = [] if args.profile is None else ["-m", "cProfile", "-o", str(args.profile.resolve())]
+        profile = [] if args.profile is None else ["-m", "benchmarks.cpu_profile", str(args.profile.resolve())]
         router, router_url = _start(
-            [python, *profile, "-m", "actors.loop.cli", "router", "--engine-url", engine_url, "--model-path", str(model),
+            [python, *(profile or ["-m"]), "actors.loop.cli", "router", "--engine-url", engine_url, "--model-path", str(model),
              "--port", "0", "--max-recorded-sessions", str(args.sessions + 16), "--log-level", "warning",
-             *([] if args.chunk_tokens is None else ["--chunk-tokens", str(args.chunk_tokens)])],
+             *([] if args.chunk_tokens is None else ["--chunk-tokens", str(args.chunk_tokens)]),
+             *([] if args.front_concurrency is None else ["--front-concurrency", str(args.front_concurrency)])],
             r"router listening on (http://\S+)", work / "router.log")
         row = asyncio.run(measure(router_url, router.pid, args))
     finally:
@@ -329,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         if engine is not None:
             stop_local_engine(engine)
     print_table(f"{args.engine_url or args.engine} engine, {args.client} client, {args.sessions} sessions x {args.turns} turns, "
-                f"max_tokens {args.max_tokens}, stop {args.stop}, chunk_tokens {args.chunk_tokens or 'default'}", row)
+                f"max_tokens {args.max_tokens}, stop {args.stop}, chunk_tokens {args.chunk_tokens or 'default'}, "
+                f"front_concurrency {'default' if args.front_concurrency is None else args.front_concurrency}", row)
     if args.json is not None:
         args.json.write_text(json.dumps(row, indent=1) + "\n")
     return 0 if row["errors"] == 0 else 1
