@@ -266,7 +266,8 @@ def _gc_row(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict
     pauses = buckets_of(after, before)
     seconds = {g: after["seconds_by_generation"].get(g, 0.0) - before["seconds_by_generation"].get(g, 0.0)
                for g in after["seconds_by_generation"]}
-    return {"gc_collections": sum(pauses.values()), "gc_pause_max_ms": (max(pauses) + 1.0) if pauses else None,
+    full = after["collections_by_generation"].get("2", 0) - before["collections_by_generation"].get("2", 0)
+    return {"gc_collections": sum(pauses.values()), "gc_full_collections": full, "gc_pause_max_ms": (max(pauses) + 1.0) if pauses else None,
             "gc_full_collections_s": round(seconds.get("2", 0.0), 3), "gc_total_s": round(sum(seconds.values()), 3)}
 
 

@@ -96,6 +96,8 @@ class GcPauses:
     def __init__(self) -> None:
         self.pauses = MsHistogram()
         self.seconds_by_generation: Counter[int] = Counter()
+        self.collections_by_generation: Counter[int] = Counter()
+        self.collected = 0  # cyclic garbage freed: objects that reference counting could not free
         self._began: float | None = None
 
     def start(self) -> None:
@@ -107,9 +109,11 @@ class GcPauses:
             gc.callbacks.remove(self._callback)
 
     def snapshot(self) -> dict[str, Any]:
-        """``MsHistogram.snapshot`` plus ``seconds_by_generation``."""
+        """``MsHistogram.snapshot`` plus ``seconds_by_generation`` and ``collections_by_generation``."""
         return self.pauses.snapshot() | {
-            "seconds_by_generation": {str(g): round(s, 4) for g, s in sorted(self.seconds_by_generation.items())}}
+            "seconds_by_generation": {str(g): round(s, 4) for g, s in sorted(self.seconds_by_generation.items())},
+            "collections_by_generation": {str(g): n for g, n in sorted(self.collections_by_generation.items())},
+            "collected": self.collected}
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         now = time.perf_counter()
@@ -118,4 +122,6 @@ class GcPauses:
         elif self._began is not None:
             self.pauses.add(now - self._began)
             self.seconds_by_generation[info["generation"]] += now - self._began
+            self.collections_by_generation[info["generation"]] += 1
+            self.collected += info["collected"]
             self._began = None

@@ -512,7 +512,7 @@ class HttpFront:
                 text_parent: Any) -> None:
         if not session.recorded:
             return
-        choices = [RecordedChoice(list(c.output_ids), list(c.logprobs), list(c.weight_versions), c.finish_type)
+        choices = [RecordedChoice(c.output_ids, c.logprobs, c.weight_versions, c.finish_type)  # the recorder copies
                    for c in completions]
         choice_texts = [self.model.decode(c.output_ids, skip_special_tokens=False) for c in completions]
         self.recorder.record(session.id, prompt, choices, text=text, choice_texts=choice_texts if text else None,
