@@ -268,7 +268,9 @@ def _gc_row(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict
                for g in after["seconds_by_generation"]}
     full = after["collections_by_generation"].get("2", 0) - before["collections_by_generation"].get("2", 0)
     return {"gc_collections": sum(pauses.values()), "gc_full_collections": full, "gc_pause_max_ms": (max(pauses) + 1.0) if pauses else None,
-            "gc_full_collections_s": round(seconds.get("2", 0.0), 3), "gc_total_s": round(sum(seconds.values()), 3)}
+            "gc_full_collections_s": round(seconds.get("2", 0.0), 3), "gc_total_s": round(sum(seconds.values()), 3),
+            "gc_full_collections_cpu_s": round(after["cpu_seconds_by_generation"].get("2", 0.0)
+                                               - before["cpu_seconds_by_generation"].get("2", 0.0), 3)}
 
 
 def print_table(label: str, row: dict[str, Any]) -> None:

@@ -98,7 +98,10 @@ class GcPauses:
         self.seconds_by_generation: Counter[int] = Counter()
         self.collections_by_generation: Counter[int] = Counter()
         self.collected = 0  # cyclic garbage freed: objects that reference counting could not free
+        # CPU time of the collections: on a busy machine their wall time also counts waits for a core
+        self.cpu_seconds_by_generation: Counter[int] = Counter()
         self._began: float | None = None
+        self._began_cpu = 0.0
 
     def start(self) -> None:
         if self._callback not in gc.callbacks:
@@ -113,13 +116,15 @@ class GcPauses:
         return self.pauses.snapshot() | {
             "seconds_by_generation": {str(g): round(s, 4) for g, s in sorted(self.seconds_by_generation.items())},
             "collections_by_generation": {str(g): n for g, n in sorted(self.collections_by_generation.items())},
+            "cpu_seconds_by_generation": {str(g): round(s, 4) for g, s in sorted(self.cpu_seconds_by_generation.items())},
             "collected": self.collected}
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         if phase == "start":
-            self._began = now
+            self._began, self._began_cpu = now, cpu
         elif self._began is not None:
+            self.cpu_seconds_by_generation[info["generation"]] += cpu - self._began_cpu
             self.pauses.add(now - self._began)
             self.seconds_by_generation[info["generation"]] += now - self._began
             self.collections_by_generation[info["generation"]] += 1

@@ -22,6 +22,14 @@ EXIT_FAILURE = 1
 _FAILURE_REPORT_GRACE = 30.0
 
 
+# The collector's thresholds once start-up is frozen (CPython's default: 700, 10, 10). A young
+# collection every 700 allocations promotes whatever lives a few ms (an HTTP request, its token
+# lists) to the oldest generation, and at a thousand concurrent agent sessions that triggered a
+# full collection every 1-2 s, each walking every in-flight prompt's ids: ~110 ms of CPU, the loop
+# stopped (benchmarks/front_load.py: 14 full collections in one run; 1 with these thresholds).
+GC_THRESHOLDS = (10_000, 10, 100)
+
+
 def uvloop_available() -> bool:
     try:
         import uvloop  # noqa: F401
@@ -115,10 +123,12 @@ def freeze_startup_objects() -> None:
     it again, and a full collection stops the event loop: 80-430 ms each on the 2-core machine,
     21 of them in one front load run, its p99 loop lag (benchmarks/front_load.py,
     docs/agents.md "The front under load"). Frozen, a full collection walks only what the run
-    made since. Start-up garbage is collected first, so that no cycle becomes immortal.
+    made since. Start-up garbage is collected first, so that no cycle becomes immortal. Then the
+    collector runs less often (`GC_THRESHOLDS`).
     """
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def report_error(message: str, file=None, exception: str = "") -> None:
