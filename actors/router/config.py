@@ -59,7 +59,7 @@ class RouterConfig:
     router_chunk_tokens: int = field(default=16, metadata=_help(
         "with text stop strings or a streaming client, generate in requests of this many tokens: a stop string "
         "costs at most this many extra tokens, and stream chunks are this long"))
-    router_front_concurrency: int = field(default=64, metadata=_help(
+    router_front_concurrency: int = field(default=16, metadata=_help(
         "requests the HTTP front works on at once (parsing, chat rendering, tokenizing, decoding, building "
         "chunks); a request waiting for an engine or for its client to read does not count, so the engines' "
         "batches are not limited. Bounds the event loop's lag under many concurrent sessions (the loop runs at "
