@@ -17,6 +17,8 @@ read before and after and subtracted):
 - the latency the front adds over the engine, p50/p99 (measured inside the router: each
   request's handler time less its engine requests' time, ``GET /front_stats``);
 - the router's event-loop lag, p50/p99/max (a probe task inside the router, same endpoint);
+- the garbage collector's share of it: collections, the longest, full collections and their
+  wall and CPU time (``gc_pauses``, same endpoint);
 - the router process's CPU time per request (the front's cost, whoever else wants the cores);
 - the router's RSS growth over the run and per recorded session;
 - errors (failed turns), with the first message.
@@ -25,6 +27,8 @@ read before and after and subtracted):
     python benchmarks/front_load.py --sessions 100 --turns 2 --answer-tokens 4096 --max-tokens 4096  # long answers
     python benchmarks/front_load.py --engine-url http://127.0.0.1:30000 --model-path /models/Qwen2.5-0.5B-Instruct
     python benchmarks/front_load.py --engine cpu --sessions 200 --turns 2 --max-tokens 16
+    python benchmarks/front_load.py --engine instant --client aiohttp --front-concurrency 0  # no gate
+    python benchmarks/front_load.py --engine instant --client aiohttp --profile router.prof  # where its CPU goes
 """
 
 from __future__ import annotations
