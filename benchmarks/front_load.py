@@ -17,6 +17,8 @@ read before and after and subtracted):
 - the latency the front adds over the engine, p50/p99 (measured inside the router: each
   request's handler time less its engine requests' time, ``GET /front_stats``);
 - the router's event-loop lag, p50/p99/max (a probe task inside the router, same endpoint);
+- the garbage collector's share of it: collections, the longest, full collections and their
+  wall and CPU time (``gc_pauses``, same endpoint);
 - the router process's CPU time per request (the front's cost, whoever else wants the cores);
 - the router's RSS growth over the run and per recorded session;
 - errors (failed turns), with the first message.
@@ -25,6 +27,8 @@ read before and after and subtracted):
     python benchmarks/front_load.py --sessions 100 --turns 2 --answer-tokens 4096 --max-tokens 4096  # long answers
     python benchmarks/front_load.py --engine-url http://127.0.0.1:30000 --model-path /models/Qwen2.5-0.5B-Instruct
     python benchmarks/front_load.py --engine cpu --sessions 200 --turns 2 --max-tokens 16
+    python benchmarks/front_load.py --engine instant --client aiohttp --front-concurrency 0  # no gate
+    python benchmarks/front_load.py --engine instant --client aiohttp --profile router.prof  # where its CPU goes
 """
 
 from __future__ import annotations
@@ -249,6 +253,7 @@ def summarize(result: LoadResult, before: dict[str, Any], after: dict[str, Any],
         "front_added_p50_ms": quantile_ms(added, 0.5), "front_added_p99_ms": quantile_ms(added, 0.99),
         "loop_lag_p50_ms": quantile_ms(lag, 0.5), "loop_lag_p99_ms": quantile_ms(lag, 0.99),
         "loop_lag_max_ms": (max(lag) + 1.0) if lag else None, "loop_lag_samples": sum(lag.values()),
+        **_gc_row(before.get("gc_pauses"), after.get("gc_pauses")),
         "router_cpu_ms_per_request": (round(router_cpu * 1000 / result.requests, 2)
                                       if router_cpu is not None and result.requests else None),
         "rss_growth_mib": round(rss[1] - rss[0], 1),
@@ -256,6 +261,20 @@ def summarize(result: LoadResult, before: dict[str, Any], after: dict[str, Any],
         "errors": sum(result.errors.values()), "first_error": next(iter(result.errors), None),
         "load_average_1m": round(__import__("os").getloadavg()[0], 1),  # other work on the machine
     }
+
+
+def _gc_row(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+    """The garbage collector's pauses during the load (a router without the histogram: none)."""
+    if before is None or after is None:
+        return {}
+    pauses = buckets_of(after, before)
+    seconds = {g: after["seconds_by_generation"].get(g, 0.0) - before["seconds_by_generation"].get(g, 0.0)
+               for g in after["seconds_by_generation"]}
+    full = after["collections_by_generation"].get("2", 0) - before["collections_by_generation"].get("2", 0)
+    return {"gc_collections": sum(pauses.values()), "gc_full_collections": full, "gc_pause_max_ms": (max(pauses) + 1.0) if pauses else None,
+            "gc_full_collections_s": round(seconds.get("2", 0.0), 3), "gc_total_s": round(sum(seconds.values()), 3),
+            "gc_full_collections_cpu_s": round(after["cpu_seconds_by_generation"].get("2", 0.0)
+                                               - before["cpu_seconds_by_generation"].get("2", 0.0), 3)}
 
 
 def print_table(label: str, row: dict[str, Any]) -> None:
@@ -291,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop strings every request sends (ReAct agents stop at 'Observation:'; "
                              "none: --stop with no value); they make the front search the text after every chunk")
     parser.add_argument("--chunk-tokens", type=int, default=None, help="the router's --chunk-tokens (default its own)")
-    parser.add_argument("--profile", type=Path, default=None, help="run the router under cProfile, stats here")
+    parser.add_argument("--front-concurrency", type=int, default=None,
+                        help="the router's --front-concurrency (default its own; 0 = no bound)")
+    parser.add_argument("--profile", type=Path, default=None, help="run the router under cProfile (its main thread's CPU time, benchmarks/cpu_profile.py), stats here")
     parser.add_argument("--json", type=Path, default=None, help="also write the row here")
     args = parser.parse_args(argv)
     if args.engine_url is not None and args.model_path is None:
@@ -315,11 +336,12 @@ def main(argv: list[str] | None = None) -> int:
         engine, engine_url = start_local_engine(model, work / "engine.log")
     router = None
     try:
-        profile = [] if args.profile is None else ["-m", "cProfile", "-o", str(args.profile.resolve())]
+        profile = [] if args.profile is None else ["-m", "benchmarks.cpu_profile", str(args.profile.resolve())]
         router, router_url = _start(
-            [python, *profile, "-m", "actors.loop.cli", "router", "--engine-url", engine_url, "--model-path", str(model),
+            [python, *(profile or ["-m"]), "actors.loop.cli", "router", "--engine-url", engine_url, "--model-path", str(model),
              "--port", "0", "--max-recorded-sessions", str(args.sessions + 16), "--log-level", "warning",
-             *([] if args.chunk_tokens is None else ["--chunk-tokens", str(args.chunk_tokens)])],
+             *([] if args.chunk_tokens is None else ["--chunk-tokens", str(args.chunk_tokens)]),
+             *([] if args.front_concurrency is None else ["--front-concurrency", str(args.front_concurrency)])],
             r"router listening on (http://\S+)", work / "router.log")
         row = asyncio.run(measure(router_url, router.pid, args))
     finally:
@@ -329,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         if engine is not None:
             stop_local_engine(engine)
     print_table(f"{args.engine_url or args.engine} engine, {args.client} client, {args.sessions} sessions x {args.turns} turns, "
-                f"max_tokens {args.max_tokens}, stop {args.stop}, chunk_tokens {args.chunk_tokens or 'default'}", row)
+                f"max_tokens {args.max_tokens}, stop {args.stop}, chunk_tokens {args.chunk_tokens or 'default'}, "
+                f"front_concurrency {'default' if args.front_concurrency is None else args.front_concurrency}", row)
     if args.json is not None:
         args.json.write_text(json.dumps(row, indent=1) + "\n")
     return 0 if row["errors"] == 0 else 1

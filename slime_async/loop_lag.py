@@ -2,7 +2,7 @@
 
 A probe task sleeps ``interval`` seconds at a time and records how much later than asked it woke
 up; anything that holds the loop (a tokenizer call, a template render, a big JSON encode) shows
-up as lag. Lags go into a ``MsHistogram``: sparse 1-ms buckets, so two snapshots can be
+up as lag. `GcPauses` times the garbage collector's collections, which stop the loop too. Lags go into a ``MsHistogram``: sparse 1-ms buckets, so two snapshots can be
 subtracted to get the quantiles of one stretch of time (a benchmark reads one before its load
 and one after) and p99 is exact to the millisecond without keeping every sample.
 """
@@ -10,6 +10,7 @@ and one after) and p99 is exact to the millisecond without keeping every sample.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import Counter
 from typing import Any
@@ -83,3 +84,49 @@ class LoopLagProbe:
             asked = time.perf_counter()
             await asyncio.sleep(self.interval)
             self.lag.add(time.perf_counter() - asked - self.interval)
+
+
+class GcPauses:
+    """How long each garbage collection held the interpreter (and so the loop), while started.
+
+    A full collection walks every tracked object; in a process that imported torch and
+    transformers that was 80-430 ms per collection until start-up's objects were frozen
+    (slime_async.runtime.freeze_startup_objects)."""
+
+    def __init__(self) -> None:
+        self.pauses = MsHistogram()
+        self.seconds_by_generation: Counter[int] = Counter()
+        self.collections_by_generation: Counter[int] = Counter()
+        self.collected = 0  # cyclic garbage freed: objects that reference counting could not free
+        # CPU time of the collections: on a busy machine their wall time also counts waits for a core
+        self.cpu_seconds_by_generation: Counter[int] = Counter()
+        self._began: float | None = None
+        self._began_cpu = 0.0
+
+    def start(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def snapshot(self) -> dict[str, Any]:
+        """``MsHistogram.snapshot`` plus ``seconds_by_generation`` and ``collections_by_generation``."""
+        return self.pauses.snapshot() | {
+            "seconds_by_generation": {str(g): round(s, 4) for g, s in sorted(self.seconds_by_generation.items())},
+            "collections_by_generation": {str(g): n for g, n in sorted(self.collections_by_generation.items())},
+            "cpu_seconds_by_generation": {str(g): round(s, 4) for g, s in sorted(self.cpu_seconds_by_generation.items())},
+            "collected": self.collected}
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        now, cpu = time.perf_counter(), time.thread_time()
+        if phase == "start":
+            self._began, self._began_cpu = now, cpu
+        elif self._began is not None:
+            self.cpu_seconds_by_generation[info["generation"]] += cpu - self._began_cpu
+            self.pauses.add(now - self._began)
+            self.seconds_by_generation[info["generation"]] += now - self._began
+            self.collections_by_generation[info["generation"]] += 1
+            self.collected += info["collected"]
+            self._began = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import signal
@@ -19,6 +20,14 @@ log = logging.getLogger(__name__)
 EXIT_FAILURE = 1
 # How long a loop that lost an actor waits for the failing tree to say why.
 _FAILURE_REPORT_GRACE = 30.0
+
+
+# The collector's thresholds once start-up is frozen (CPython's default: 700, 10, 10). A young
+# collection every 700 allocations promotes whatever lives a few ms (an HTTP request, its token
+# lists) to the oldest generation, and at a thousand concurrent agent sessions that triggered a
+# full collection every 1-2 s, each walking every in-flight prompt's ids: ~110 ms of CPU, the loop
+# stopped (benchmarks/front_load.py: 14 full collections in one run; 1 with these thresholds).
+GC_THRESHOLDS = (10_000, 10, 100)
 
 
 def uvloop_available() -> bool:
@@ -72,6 +81,7 @@ async def run_supervised(
                          exception=child_exception(starting.exception()))
             return EXIT_FAILURE
         ref = starting.result()
+        freeze_startup_objects()
         tree = asyncio.create_task(ref.wait())
         work = asyncio.create_task(main(root)) if main is not None else loop.create_future()
         await asyncio.wait([tree, work, received], return_when=asyncio.FIRST_COMPLETED)
@@ -103,6 +113,22 @@ async def run_supervised(
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+
+
+def freeze_startup_objects() -> None:
+    """Move every object alive now to the collector's permanent generation.
+
+    What start-up made (torch, transformers and their modules, tokenizers, configs: ~350,000
+    objects in the router) lives as long as the process, yet every full collection walks all of
+    it again, and a full collection stops the event loop: 80-430 ms each on the 2-core machine,
+    21 of them in one front load run, its p99 loop lag (benchmarks/front_load.py,
+    docs/agents.md "The front under load"). Frozen, a full collection walks only what the run
+    made since. Start-up garbage is collected first, so that no cycle becomes immortal. Then the
+    collector runs less often (`GC_THRESHOLDS`).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def report_error(message: str, file=None, exception: str = "") -> None:

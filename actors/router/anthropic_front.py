@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from actors.router.front_gate import sse_response
 from actors.router.http_json import json_response, read_json
 from actors.router.anthropic_protocol import (
     MESSAGE_STOP, PING, MessagesRequest, block_start, block_stop, content_blocks, error_body, input_json_delta,
@@ -79,7 +80,7 @@ class MessagesEndpoint:
         known whole (a call is parsed from the finished text), so its blocks come at the end and
         pings keep the connection alive meanwhile."""
         front = self.front
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        response = sse_response()
         await response.prepare(request)
         send = lambda payload: response.write(sse_event(payload))  # noqa: E731
         await send(message_start(message_id, front.model.name, prompt))

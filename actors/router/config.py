@@ -59,6 +59,11 @@ class RouterConfig:
     router_chunk_tokens: int = field(default=16, metadata=_help(
         "with text stop strings or a streaming client, generate in requests of this many tokens: a stop string "
         "costs at most this many extra tokens, and stream chunks are this long"))
+    router_front_concurrency: int = field(default=16, metadata=_help(
+        "requests the HTTP front works on at once (parsing, chat rendering, tokenizing, decoding, building "
+        "chunks); a request waiting for an engine or for its client to read does not count, so the engines' "
+        "batches are not limited. Bounds the event loop's lag under many concurrent sessions (the loop runs at "
+        "most this many requests' steps per round); 0 = no bound"))
     router_max_recorded_sessions: int = field(default=4096, metadata=_help(
         "sessions whose turns the front records for trajectory capture; the least recently used are "
         "forgotten beyond this (0 = record nothing)"))
@@ -83,6 +88,7 @@ class RouterConfig:
             (self.router_abort_interval > 0, "--router-abort-interval must be > 0"),
             (0 <= self.router_port <= 65535, "--router-port must be in [0, 65535]"),
             (self.router_chunk_tokens >= 1, "--router-chunk-tokens must be >= 1"),
+            (self.router_front_concurrency >= 0, "--router-front-concurrency must be >= 0"),
             (self.router_max_recorded_sessions >= 0, "--router-max-recorded-sessions must be >= 0"),
             (self.router_max_recorded_turns >= 1, "--router-max-recorded-turns must be >= 1"),
             (self.router_max_stored_responses >= 0, "--router-max-stored-responses must be >= 0"),

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from slime_async.loop_lag import LoopLagProbe, MsHistogram, buckets_of, quantile_ms
+from slime_async.loop_lag import GcPauses, LoopLagProbe, MsHistogram, buckets_of, quantile_ms
 
 T = TypeVar("T")
 
@@ -35,6 +35,7 @@ _current: contextvars.ContextVar[_EngineTime | None] = contextvars.ContextVar("f
 class FrontStats:
     def __init__(self, lag_interval: float = 0.01):
         self.probe = LoopLagProbe(lag_interval)
+        self.gc = GcPauses()  # started and stopped with the probe (HttpFront)
         self.added = MsHistogram()
 
     async def timed_request(self, handler: Callable[[], Awaitable[T]]) -> T:
@@ -64,7 +65,7 @@ class FrontStats:
     def snapshot(self) -> dict[str, Any]:
         """The ``/front_stats`` answer: both histograms, for a client to subtract two of."""
         return {"loop_lag": self.probe.lag.snapshot(), "loop_lag_interval_ms": self.probe.interval * 1000,
-                "front_added": self.added.snapshot()}
+                "front_added": self.added.snapshot(), "gc_pauses": self.gc.snapshot()}
 
     def metrics(self) -> dict[str, float]:
         lag, added = buckets_of(self.probe.lag.snapshot()), buckets_of(self.added.snapshot())

@@ -33,6 +33,7 @@ from actors.router.anthropic_protocol import error_body as anthropic_error_body,
 from actors.router.completion import Completion, CompletionFailed, CompletionSpec, TextStream, complete, completion_text
 from actors.router.config import RouterConfig
 from actors.router.errors import RouterError
+from actors.router.front_gate import FrontGate, sse_response, waiting
 from actors.router.front_stats import FrontStats
 from actors.router.http_json import json_response, read_json
 from actors.router.native_protocol import NativeError, NativeItem, generate_response, parse_generate
@@ -75,6 +76,7 @@ class HttpFront:
         self._counters: Counter[str] = Counter()
         self._created = int(time.time())
         self.stats = FrontStats()  # loop lag and the latency the front adds (GET /front_stats)
+        self.gate = FrontGate(config.router_front_concurrency)  # requests at work at once: bounds the loop's lag
         self.tokenizer = TokenizerThread()  # template rendering and encoding, off the event loop
 
     # ----- lifecycle ---------------------------------------------------------------------------
@@ -106,12 +108,14 @@ class HttpFront:
                                f"{error}") from error
         bound = self._runner.addresses[0][1]
         self.stats.probe.start()
+        self.stats.gc.start()
         self.url = f"http://{host}:{bound}"
         log.info("router: HTTP front on %s (OpenAI API at %s/v1)", self.url, self.url)
         return self.url
 
     async def stop(self) -> None:
         await self.stats.probe.stop()
+        self.stats.gc.stop()
         self.tokenizer.close()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -139,6 +143,8 @@ class HttpFront:
             return reply(401, "invalid or missing API key (Authorization: Bearer ... or x-api-key)",
                          "authentication_error", code="invalid_api_key")
         try:
+            if request.method == "POST":  # the requests that work: discovery and /front_stats never queue
+                return await self.stats.timed_request(lambda: self.gate.run(lambda: handler(request)))
             return await self.stats.timed_request(lambda: handler(request))
         except web.HTTPException as error:
             if error.status < 400:
@@ -381,11 +387,12 @@ class HttpFront:
 
         async def send(input_ids: list[int], params: dict[str, Any], logprob_start_len: int | None = None) -> dict:
             # No timeout: a request waits in the router while weights sync; the router bounds
-            # each engine call itself.
-            return await self.stats.engine_call(
-                router.ask("generate", input_ids, params, session_id=session.id,
-                           top_logprobs_num=spec.top_logprobs_num, logprob_start_len=logprob_start_len,
-                           timeout=None))
+            # each engine call itself. The request's front slot is free meanwhile.
+            async with waiting():
+                return await self.stats.engine_call(
+                    router.ask("generate", input_ids, params, session_id=session.id,
+                               top_logprobs_num=spec.top_logprobs_num, logprob_start_len=logprob_start_len,
+                               timeout=None))
 
         decode = lambda ids: self.model.decode(ids, spec.skip_special_tokens)  # noqa: E731
         return await complete(send, spec, decode, self.model.context_len, on_progress)
@@ -505,7 +512,7 @@ class HttpFront:
                 text_parent: Any) -> None:
         if not session.recorded:
             return
-        choices = [RecordedChoice(list(c.output_ids), list(c.logprobs), list(c.weight_versions), c.finish_type)
+        choices = [RecordedChoice(c.output_ids, c.logprobs, c.weight_versions, c.finish_type)  # the recorder copies
                    for c in completions]
         choice_texts = [self.model.decode(c.output_ids, skip_special_tokens=False) for c in completions]
         self.recorder.record(session.id, prompt, choices, text=text, choice_texts=choice_texts if text else None,
@@ -563,7 +570,7 @@ def _error_for(path: str) -> Callable[..., web.Response]:
 
 
 async def _sse(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    response = sse_response()
     await response.prepare(request)
     return response
 

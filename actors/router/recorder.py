@@ -10,6 +10,12 @@ whose text the new rendered prompt starts with. The front then reuses those exac
 tokenizes only the rest, so a new turn extends the previous one token-exactly whenever the
 chat template renders history the way the model wrote it.
 
+Stored as tuples, handed back as lists: a list of token ids is a container the garbage
+collector walks at every full collection, element by element (each int object read from
+memory), and a thousand recorded sessions are about a million ids: ~115 ms per full collection,
+with the event loop stopped. A tuple of ints is untracked by the collector the first time it
+sees it, so recorded turns cost it nothing (docs/agents.md "The front under load").
+
 Bounded: at most ``max_sessions`` sessions (the least recently used is forgotten beyond that)
 and ``max_turns`` turns per session; a collected session is forgotten.
 """
@@ -80,7 +86,7 @@ class SessionRecorder:
         if best is None:
             return None
         (index, choice), size = best
-        return (index, choice), size, prompt_ids(session.turns, index) + session.turns[index].choices[choice].output_ids
+        return (index, choice), size, prompt_ids(session.turns, index) + list(session.turns[index].choices[choice].output_ids)
 
     def record(self, session_id: str, prompt: list[int], choices: list[RecordedChoice], *,
                text: str | None = None, choice_texts: list[str] | None = None,
@@ -101,7 +107,7 @@ class SessionRecorder:
                 turn_text = _TurnText(parent, text[text_parent[1]:], list(choice_texts or []))
             else:
                 turn_text = _TurnText(None, text, list(choice_texts or []))
-        session.turns.append(RecordedTurn(parent, list(prompt[covered:]), choices))
+        session.turns.append(RecordedTurn(parent, tuple(prompt[covered:]), [_frozen(c) for c in choices]))
         session.texts.append(turn_text)
 
     def take(self, session_id: str) -> list[RecordedTurn]:
@@ -117,7 +123,7 @@ class SessionRecorder:
         if session.overflowed:
             raise TrajectoryError(f"session {session_id!r} had more than {self.max_turns} turns "
                                   "(--router-max-recorded-turns)")
-        return session.turns
+        return [RecordedTurn(t.parent, list(t.new_ids), [_thawed(c) for c in t.choices]) for t in session.turns]
 
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
@@ -149,7 +155,7 @@ class SessionRecorder:
                 continue
             for choice, recorded in enumerate(session.turns[index].choices):
                 size = len(turn_prompt) + len(recorded.output_ids)
-                if size > covered and prompt[len(turn_prompt):size] == recorded.output_ids and size <= len(prompt):
+                if size > covered and size <= len(prompt) and tuple(prompt[len(turn_prompt):size]) == recorded.output_ids:
                     best, covered = (index, choice), size
         return best, covered
 
@@ -166,3 +172,14 @@ class SessionRecorder:
             pieces.append(parent.choice_texts[parent_choice])
             text = parent
         return "".join(reversed(pieces))
+
+
+def _frozen(choice: RecordedChoice) -> RecordedChoice:
+    """Kept as tuples (see the module docstring)."""
+    return RecordedChoice(tuple(choice.output_ids), tuple(choice.logprobs),  # type: ignore[arg-type]
+                          tuple(choice.weight_versions), choice.finish_type)  # type: ignore[arg-type]
+
+
+def _thawed(choice: RecordedChoice) -> RecordedChoice:
+    return RecordedChoice(list(choice.output_ids), list(choice.logprobs), list(choice.weight_versions),
+                          choice.finish_type)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from actors.router.front_gate import sse_response
 from actors.router.http_json import json_response, read_json
 from actors.router.completion import CompletionSpec, TextStream
 from actors.router.openai_protocol import ChoiceOut, OpenAIError, logprob_entries
@@ -116,7 +117,7 @@ class ResponsesEndpoint:
         Without tools the message is opened at once and its text streamed as generated; with tools
         everything is sent at the end, since a tool call is only known whole."""
         front, parsed = self.front, turn.request
-        http = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        http = sse_response()
         await http.prepare(request)
         events = _EventWriter(http)
         await events.send("response.created", response=self._response(turn, output=[], status="in_progress"))

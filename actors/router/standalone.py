@@ -39,6 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         choices=["auto", "hermes", "llama3_json", "none"])
     parser.add_argument("--chunk-tokens", type=int, default=defaults.router_chunk_tokens,
                         help="tokens per engine request while honouring text stop strings or streaming")
+    parser.add_argument("--front-concurrency", type=int, default=defaults.router_front_concurrency,
+                        help="requests the front works on at once; waits for engines and clients do not count "
+                             "(0 = no bound)")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per engine request")
     parser.add_argument("--max-recorded-sessions", type=int, default=0)
     parser.add_argument("--log-level", default="info")
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     config = RouterConfig(router_policy=args.policy, router_host=args.host, router_port=args.port,
                           router_api_key=args.api_key, router_served_model_name=args.served_model_name,
                           router_tool_parser=args.tool_parser, router_chunk_tokens=args.chunk_tokens,
+                          router_front_concurrency=args.front_concurrency,
                           router_request_timeout=args.request_timeout,
                           router_max_recorded_sessions=args.max_recorded_sessions)
     try:

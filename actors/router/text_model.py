@@ -50,10 +50,13 @@ class TextModel:
         return list(self.tokenizer.encode(text))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        backend = _plain_backend(self.tokenizer)
+        if backend is not None:
+            return backend.decode(ids, skip_special_tokens=skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.decode([token_id], skip_special_tokens=False)
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                     template_kwargs: dict[str, Any] | None = None) -> str:
@@ -62,6 +65,23 @@ class TextModel:
             raise ValueError(f"the tokenizer of {self.name} has no chat template; use /v1/completions or /generate")
         return self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
                                                   tokenize=False, **(template_kwargs or {}))
+
+
+def _plain_backend(tokenizer: Any) -> Any:
+    """The Rust tokenizer under a fast HF tokenizer whose ``decode`` would only call it, else None.
+
+    transformers' ``decode`` first converts the ids with ``to_py_obj``, a Python check of every
+    id: 90% of a decode's time, and the front decodes after every chunk of every stream (at
+    1,000 streaming sessions, 2.3 of the router's 3 s of decoding; docs/agents.md "The front
+    under load"). Taken only where the wrapper adds nothing: transformers' own fast ``_decode``
+    (not a model's override) and no ``clean_up_tokenization_spaces``."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: the wrapper, always right
+        return None
+    if type(tokenizer)._decode is not TokenizersBackend._decode or tokenizer.clean_up_tokenization_spaces:
+        return None
+    return tokenizer.backend_tokenizer
 
 
 def _read_json(path: Path) -> dict[str, Any]:

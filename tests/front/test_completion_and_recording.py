@@ -84,6 +84,20 @@ def test_a_turn_that_extends_the_previous_one_stores_only_its_new_ids():
     assert prompt_ids(turns, 1) == [1, 2, 3, 4, 5]
 
 
+def test_recorded_ids_cost_the_garbage_collector_nothing_and_come_back_as_lists():
+    import gc
+
+    recorder = SessionRecorder(max_sessions=4, max_turns=8)
+    recorder.record("s", list(range(500)), [choice([3, 4])])
+    recorder.record("s", list(range(500)) + [3, 4, 5], [choice([6])])
+    gc.collect()  # a tuple of ints is untracked the first time the collector sees it
+    stored = recorder._sessions["s"].turns
+    assert not any(gc.is_tracked(ids) for t in stored for ids in (t.new_ids, t.choices[0].output_ids))
+    turns = recorder.take("s")
+    assert turns[1].parent == (0, 0) and turns[1].new_ids == [5] and turns[0].choices[0].output_ids == [3, 4]
+    assert all(type(ids) is list for t in turns for ids in (t.new_ids, t.choices[0].logprobs))
+
+
 def test_text_prefix_gives_the_exact_ids_of_the_longest_recorded_prompt_and_completion():
     recorder = SessionRecorder(max_sessions=4, max_turns=8)
     recorder.record("s", [1, 2], [choice([3]), choice([4, 4])], text="P:", choice_texts=["x", "yy"])

@@ -4,7 +4,7 @@ subtract, and a blocked loop seen as lag."""
 import asyncio
 import time
 
-from slime_async.loop_lag import LoopLagProbe, MsHistogram, buckets_of, quantile_ms
+from slime_async.loop_lag import GcPauses, LoopLagProbe, MsHistogram, buckets_of, quantile_ms
 
 
 def test_quantiles_are_the_upper_edge_of_the_bucket_that_holds_them():
@@ -36,3 +36,19 @@ async def test_a_loop_blocked_for_50_ms_shows_at_least_40_ms_of_lag():
         await asyncio.sleep(0.001)
     await probe.stop()
     assert probe.lag.max_ms >= 40.0
+
+
+def test_gc_pauses_count_each_collection_by_generation_while_started():
+    import gc
+
+    pauses = GcPauses()
+    pauses.start()
+    try:
+        gc.collect(2)
+        gc.collect(0)
+    finally:
+        pauses.stop()
+    gc.collect()  # not counted: stopped
+    snapshot = pauses.snapshot()
+    assert snapshot["collections_by_generation"] == {"0": 1, "2": 1} and snapshot["count"] == 2
+    assert set(snapshot["cpu_seconds_by_generation"]) == {"0", "2"}
