@@ -3,7 +3,8 @@ packed micro-batches) and EP2 x expert-TP2 (4 ranks, right-padded), on a batch w
 shards cut into DIFFERENT numbers of micro-batches (one rank holds a single long sample, another
 many short ones). Megatron-core dispatches tokens to experts collectively, so the ranks' micro-batches
 are aligned (actors/megatron/mb_align.py); the logprobs before and after one optimizer step
-equal a one-rank trainer's within 1e-5, and so does the step's loss.
+equal a one-rank trainer's within 1e-5, and so does the step's loss; the HF export after the step
+(what weight sync sends the engines) gives the same logprobs in transformers.
 
 SGD, not Adam (Adam's first step is ~lr x sign(grad): rounding-level gradient differences would
 become lr-sized), and the router aux loss is off (a statistic of each rank's own tokens).
@@ -19,7 +20,7 @@ import pytest
 
 from actors.megatron.dp_split import split_across_dp, split_into_micro_batches
 from slime_async.batch import Batch
-from worker_fixtures import PPO_KL, env_threads, running_trainer, trainer_config
+from worker_fixtures import PPO_KL, env_threads, running_trainer, trainer_config, transformers_logprobs
 
 ARCH = "qwen3_moe"
 MAX_TOKENS = 5  # the micro-batch token budget (samples x longest)
@@ -48,6 +49,7 @@ class Step:
     before: list[list[float]] = field(default_factory=list)
     after: list[list[float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    export_dir: Path | None = None  # the HF export after the step (each expert gathered from its rank)
 
 
 async def _one_step(hf_dir: Path, work: Path, ranks: int, overrides: dict, old: list[list[float]] | None) -> Step:
@@ -60,6 +62,9 @@ async def _one_step(hf_dir: Path, work: Path, ranks: int, overrides: dict, old: 
         batch = _batch(old or step.before)
         step.metrics = await trainer.ask("train_step", batch, PPO_KL, timeout=None)
         step.after = [r.logprobs for r in await trainer.ask("compute_logprobs", _batch(), timeout=None)]
+        if ranks > 1:
+            step.export_dir = work / "export"
+            await trainer.ask("export_hf", str(step.export_dir), timeout=None)
     return step
 
 
@@ -104,3 +109,10 @@ def test_expert_parallel_step_loss_equals_one_ranks(moe_steps, layout):
     single, spread = moe_steps["single"].metrics, moe_steps[layout].metrics
     assert spread["update_successful"] == 1.0
     assert abs(spread["loss"] - single["loss"]) < 1e-5 and abs(spread["grad_norm"] - single["grad_norm"]) < 1e-4
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_hf_export_after_an_expert_parallel_step_gives_the_trainers_logprobs_in_transformers(moe_steps, layout):
+    step = moe_steps[layout]
+    assert _max_abs_diff(transformers_logprobs(step.export_dir, _batch()), step.after) < 1e-4
