@@ -46,9 +46,9 @@ class ValueHead(torch.nn.Linear):
         return super().forward(hidden_states), None
 
 
-def _tensors(batch: Batch, device: torch.device) -> dict[str, Any]:
+def _tensors(batch: Batch, device: torch.device, pad_to: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Right-padded inputs and response-aligned ``[B, T]`` targets of one micro-batch."""
-    return response_tensors(batch, device, ("values", "returns"))
+    return response_tensors(batch, device, ("values", "returns"), pad_to=pad_to)
 
 
 class CriticOps(MegatronRank):
@@ -66,7 +66,9 @@ class CriticOps(MegatronRank):
 
     def _forward_step(self, loss_fn, data_iterator, model: torch.nn.Module):
         mb = next(data_iterator)
-        output = model(mb["tokens"], mb["position_ids"], None)  # [B, S, 1]; hidden states before the last stage
+        extra = {"padding_mask": mb["padding_mask"]} if self._moe else {}  # pad tokens out of the MoE aux loss
+        # [B, S, 1]; hidden states before the last stage
+        output = model(mb["tokens"], mb["position_ids"], None, **extra)
         if not parallel_state.is_pipeline_last_stage():
             return output, partial(loss_fn, mb)  # sent on to the next stage; loss_fn runs on the last
         values = output[..., 0].gather(1, mb["positions"]) * mb["valid"]  # [B, T] response-aligned
@@ -105,12 +107,11 @@ class CriticOps(MegatronRank):
             raise ValueError("critic train_step needs batch.values and batch.returns")
         started = time.perf_counter()
         groups = self._micro_batch_indices(batch)
-        scale = len(groups) * parallel_state.get_data_parallel_world_size()
 
         def loss_fn(mb: dict[str, Any], values: torch.Tensor):
             terms = clipped_value_loss(values, mb["values"], mb["returns"], mb["loss_mask"], value_clip=value_clip,
                                        loss_agg=loss_agg, normalizer=normalizer)
-            return terms.loss * scale, {"value_loss": float(terms.loss.detach()),
+            return terms.loss * mb["loss_scale"], {"value_loss": float(terms.loss.detach()),
                                         "value_clipfrac": float(terms.clipfrac)}
 
         self.ddp.zero_grad_buffer()

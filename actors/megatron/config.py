@@ -128,7 +128,7 @@ class TrainerConfig:
         transformer = split_megatron_overrides(self.megatron).transformer
         check_pipeline_layout(transformer, self.hf_checkpoint)
         from actors.megatron.moe_layout import check_moe_layout
-        check_moe_layout(transformer, self.hf_checkpoint)
+        check_moe_layout(transformer, self.hf_checkpoint, self.num_ranks(torch_cuda()) * self.actor_num_nodes)
         return self
 
     def preflight(self) -> None:
@@ -167,6 +167,12 @@ class TrainerConfig:
     def from_json(cls, text: str) -> TrainerConfig:
         data = json.loads(text)
         return cls(**data)
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _json_default(value: Any) -> Any:

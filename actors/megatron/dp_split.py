@@ -75,6 +75,27 @@ def split_into_micro_batches(
     return batches
 
 
+def spread_micro_batches(groups: Sequence[Sequence[int]], lengths: Sequence[int], count: int) -> list[list[int]]:
+    """``groups`` split further until there are ``count`` of them, or every one holds one sample.
+
+    Ranks that dispatch tokens to experts collectively must run the same number of micro-batches
+    (slime cuts every rank's samples into the largest count any rank needs). Splitting keeps
+    every micro-batch within the token budget it was cut for: the costliest one (samples x
+    longest, the padded size) with two or more samples is halved, its longer half first, until
+    the count is reached. Fewer than ``count`` come back only when the rank holds fewer samples.
+    """
+    out = [list(g) for g in groups]
+    while len(out) < count:
+        splittable = [k for k, g in enumerate(out) if len(g) > 1]
+        if not splittable:
+            break
+        k = max(splittable, key=lambda j: (len(out[j]) * max(lengths[i] for i in out[j]), -j))
+        longest_first = sorted(out[k], key=lambda i: (-lengths[i], i))
+        half = (len(longest_first) + 1) // 2
+        out[k: k + 1] = [longest_first[:half], longest_first[half:]]
+    return out
+
+
 def split_into_global_batches(num_samples: int, global_batch_size: int | None) -> list[list[int]]:
     """Consecutive chunks of ``global_batch_size`` sample indices, one per optimizer step.
 

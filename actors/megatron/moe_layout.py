@@ -1,9 +1,10 @@
 """The parallel layout of an MoE model in the trainer, checked at start (before any rank is spawned).
 
-The bridge maps every layout megatron-core builds (experts over ``--expert-model-parallel-size``
-ranks taken from the data-parallel ranks, each split over ``--expert-tensor-parallel-size``
-ranks), but the trainer trains MoE models with every expert on every rank for now: what it cannot
-run fails here with one line naming the flag, instead of a gloo abort or a hang inside the ranks.
+Experts are spread over ``--expert-model-parallel-size`` (EP) ranks taken from the data-parallel
+ranks, each expert split over ``--expert-tensor-parallel-size`` (expert TP) ranks; the ranks of a
+dispatch group run aligned micro-batches (actors/megatron/mb_align.py). What megatron-core would
+refuse only inside the ranks, or the trainer cannot run (attention TP with MoE), fails here with
+one line naming the flag, instead of a gloo abort or a hang inside the ranks.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import torch
 _CUDA_DISPATCHERS = ("alltoall", "flex")
 
 
-def check_moe_layout(transformer: dict[str, Any], hf_checkpoint: str) -> None:
+def check_moe_layout(transformer: dict[str, Any], hf_checkpoint: str, ranks: int) -> None:
     """Raise ValueError (one line) for an MoE layout the ranks could not train.
 
-    ``transformer``: the TransformerConfig pass-through.
+    ``transformer``: the TransformerConfig pass-through; ``ranks``: every training rank.
     """
     tp = transformer.get("tensor_model_parallel_size", 1)
     pp = transformer.get("pipeline_model_parallel_size", 1)
@@ -45,14 +46,14 @@ def check_moe_layout(transformer: dict[str, Any], hf_checkpoint: str) -> None:
     if tp > 1:
         raise ValueError(f"--tensor-model-parallel-size {tp} with the MoE model {hf_checkpoint}: megatron-core "
                          "trains MoE layers under TP only with sequence parallelism, which the local layer spec "
-                         "refuses")
-    if ep > 1 or etp > 1:
-        # The bridge loads, exports and runs every such layout (tests/trainer/test_bridge_moe.py);
-        # the trainer's micro-batches are not aligned across the ranks yet.
-        raise ValueError(f"--expert-model-parallel-size {ep} / --expert-tensor-parallel-size {etp}: the trainer does "
-                         "not spread experts over ranks yet (each data-parallel rank cuts its own micro-batches, "
-                         "in number and shape, while megatron-core dispatches tokens to experts collectively "
-                         "over those ranks); train MoE models with the experts on every rank")
+                         "refuses; spread the experts with --expert-model-parallel-size and "
+                         "--expert-tensor-parallel-size instead")
+    if experts % ep:
+        raise ValueError(f"--expert-model-parallel-size {ep} does not divide the {experts} experts of "
+                         f"{hf_checkpoint}")
+    if ranks % pp or (ranks // pp) % (ep * etp):
+        raise ValueError(f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} does not divide "
+                         f"the {ranks // max(pp, 1)} ranks of each pipeline stage")
     dispatcher = transformer.get("moe_token_dispatcher_type") or ("alltoall" if pp > 1 else "allgather")
     if dispatcher in _CUDA_DISPATCHERS and not torch.cuda.is_available():
         cause = (f"--moe-token-dispatcher-type {dispatcher}" if "moe_token_dispatcher_type" in transformer

@@ -24,7 +24,8 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from actors.megatron.bridge import unwrap_model
 from actors.megatron.checkpoint import load_checkpoint, save_checkpoint
 from actors.megatron.config import TrainerConfig
-from actors.megatron.dp_split import split_into_micro_batches
+from actors.megatron.dp_split import split_into_micro_batches, spread_micro_batches
+from actors.megatron.mb_align import ExpertAlignment, zero_loss_copy
 from actors.megatron.model import build_gpt_model
 from actors.megatron.optimizer import (
     ScheduleConfig,
@@ -61,7 +62,13 @@ def pad_rows(rows: list[list[float]] | list[list[int]], width: int, dtype: torch
     return out
 
 
-def response_tensors(batch: Batch, device: torch.device, fields: tuple[str, ...], pack: bool = False) -> dict[str, Any]:
+def micro_batch_shape(batch: Batch, pack: bool) -> tuple[int, ...]:
+    """The model input's shape for ``batch``: ``(total tokens,)`` packed, ``(samples, longest)`` padded."""
+    return (sum(batch.lengths),) if pack else (len(batch), max(batch.lengths))
+
+
+def response_tensors(batch: Batch, device: torch.device, fields: tuple[str, ...], pack: bool = False,
+                     pad_to: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Model inputs of one micro-batch, where each response token is scored (``positions``,
     ``valid``), its loss mask, and the ``[B, T]`` per-token ``fields`` of the batch.
 
@@ -69,7 +76,11 @@ def response_tensors(batch: Batch, device: torch.device, fields: tuple[str, ...]
     ``[1, total]`` with positions restarting per sample and the ``thd`` ``packed_seq_params``
     (no padding at all; attended in one varlen call). ``flat_positions`` ``[B, T]`` is each
     scoring position's row in the model output flattened to ``[B * S or total, ...]``.
+    ``pad_to`` (a `micro_batch_shape` at least this batch's) grows the inputs with pad tokens:
+    pad rows and columns, or one pad sequence after the packed ones; ``padding_mask`` (True on
+    pad tokens) has the inputs' shape.
     """
+    shape = pad_to or micro_batch_shape(batch, pack)
     seq = max(batch.lengths)
     width = max(max(batch.response_lengths), 1)
     rlen = torch.tensor(batch.response_lengths, dtype=torch.long)
@@ -84,20 +95,28 @@ def response_tensors(batch: Batch, device: torch.device, fields: tuple[str, ...]
     if pack:
         lengths = torch.tensor(batch.lengths, dtype=torch.long)
         starts = lengths.cumsum(0) - lengths
-        cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32).to(device)
-        out["tokens"] = torch.tensor([t for row in batch.tokens for t in row], dtype=torch.long, device=device)[None]
-        out["position_ids"] = torch.cat([torch.arange(n) for n in batch.lengths]).to(device)[None]
+        extra = shape[0] - int(lengths.sum())
+        seq_lengths = batch.lengths + ([extra] if extra else [])
+        cu = torch.tensor([0, *seq_lengths], dtype=torch.long).cumsum(0).to(torch.int32).to(device)
+        out["tokens"] = torch.tensor([t for row in batch.tokens for t in row] + [0] * extra, dtype=torch.long,
+                                     device=device)[None]
+        out["position_ids"] = torch.cat([torch.arange(n) for n in seq_lengths]).to(device)[None]
+        longest = max(seq_lengths)
         out["packed_seq_params"] = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                                                   max_seqlen_q=seq, max_seqlen_kv=seq)
+                                                   max_seqlen_q=longest, max_seqlen_kv=longest)
+        out["padding_mask"] = (torch.arange(shape[0]) >= int(lengths.sum())).to(device)[None]
         flat = torch.where(valid, starts[:, None] + positions, torch.zeros_like(positions))
     else:
-        out["tokens"] = pad_rows(batch.tokens, seq, torch.long).to(device)
-        out["position_ids"] = torch.arange(seq, device=device).unsqueeze(0).expand(len(batch), seq)
+        rows, seq = shape
+        out["tokens"] = pad_rows(batch.tokens + [[]] * (rows - len(batch)), seq, torch.long).to(device)
+        out["position_ids"] = torch.arange(seq, device=device).unsqueeze(0).expand(rows, seq)
+        lengths = torch.tensor(batch.lengths + [0] * (rows - len(batch)), dtype=torch.long)
+        out["padding_mask"] = (torch.arange(seq)[None, :] >= lengths[:, None]).to(device)
         flat = torch.arange(len(batch))[:, None] * seq + positions
     out["flat_positions"] = flat.to(device)
     for name in fields:
-        rows = getattr(batch, name)
-        out[name] = pad_rows(rows, width, torch.float).to(device) if rows is not None else None
+        rows_of = getattr(batch, name)
+        out[name] = pad_rows(rows_of, width, torch.float).to(device) if rows_of is not None else None
     return out
 
 
@@ -138,6 +157,9 @@ class MegatronRank:
         if adapt_model is not None:
             adapt_model(model)  # e.g. the critic's value head, before DDP wraps the parameters
         self.model_config = model.config
+        # MoE with experts spread over ranks: micro-batches agree in number (and shape) over them.
+        self.alignment = ExpertAlignment.of(self.model_config, self.device)
+        self._moe = bool(getattr(self.model_config, "num_moe_experts", None))
         self.ddp = wrap_ddp(model, self.model_config, sections.ddp)
         self.optimizer, self.scheduler = build_optimizer(
             self.ddp, optimizer_config(sections.optimizer, self.model_config), ScheduleConfig(**sections.schedule)
@@ -166,28 +188,47 @@ class MegatronRank:
 
     # ----- forward-backward --------------------------------------------------------------------
     def _micro_batch_indices(self, batch: Batch) -> list[list[int]]:
-        return split_into_micro_batches(
+        """This rank's micro-batches (indices into ``batch``), as many as any rank of its expert
+        dispatch group cuts where it holds the samples for them (collective under MoE EP / expert-TP)."""
+        groups = split_into_micro_batches(
             batch.lengths, max_tokens=self.config.max_tokens_per_gpu, micro_batch_size=self.config.micro_batch_size
         )
+        return spread_micro_batches(groups, batch.lengths, self.alignment.count(len(groups)))
 
     def _forward_step(self, loss_fn, data_iterator: Iterator[dict[str, Any]], model: torch.nn.Module):
         mb = next(data_iterator)
-        output = model(mb["tokens"], mb["position_ids"], None, packed_seq_params=mb.get("packed_seq_params"))
+        # The MoE router leaves pad tokens out of its aux loss (and expert-bias counts).
+        extra = {"padding_mask": mb["padding_mask"]} if self._moe else {}
+        output = model(mb["tokens"], mb["position_ids"], None, packed_seq_params=mb.get("packed_seq_params"), **extra)
         return output, partial(loss_fn, mb)
 
-    def _schedule(self, micro_batches: list[Batch], tensors: Callable[[Batch, torch.device], dict[str, Any]],
-                  loss_fn, forward_only: bool) -> list[Any]:
-        """Megatron's forward-backward schedule over ``micro_batches``; ``loss_fn(mb, output)``."""
-        data = iter([tensors(mb, self.device) for mb in micro_batches])
-        return get_forward_backward_func()(
+    def _schedule(self, micro_batches: list[Batch], tensors: Callable[..., dict[str, Any]],
+                  loss_fn, forward_only: bool, pack: bool = False) -> list[Any]:
+        """Megatron's forward-backward schedule over ``micro_batches``; ``loss_fn(mb, output)``.
+
+        ``tensors(batch, device, pad_to=shape)`` builds a micro-batch's inputs (``pack``: packed).
+        Under MoE EP / expert-TP the ranks of a dispatch group run as many micro-batches (zero-loss
+        copies fill a short rank's) of equal shapes where the dispatcher needs it; the outputs of
+        ``micro_batches`` alone come back. Each input carries ``loss_scale`` (micro-batches run x
+        DP ranks): Megatron's schedule divides a loss by the first and DDP averages over the second.
+        """
+        count = self.alignment.count(len(micro_batches))
+        padded = micro_batches + [zero_loss_copy(micro_batches[0])] * (count - len(micro_batches))
+        shapes = self.alignment.shapes([micro_batch_shape(mb, pack) for mb in padded], count) or [None] * count
+        loss_scale = count * parallel_state.get_data_parallel_world_size()
+        inputs = [tensors(mb, self.device, pad_to=shape) for mb, shape in zip(padded, shapes)]
+        for mb in inputs:
+            mb["loss_scale"] = loss_scale
+        outputs = get_forward_backward_func()(
             forward_step_func=partial(self._forward_step, loss_fn),
-            data_iterator=data,
+            data_iterator=iter(inputs),
             model=[self.ddp],
-            num_microbatches=len(micro_batches),
-            seq_length=max(max(mb.lengths) for mb in micro_batches),
-            micro_batch_size=max(len(mb) for mb in micro_batches),
+            num_microbatches=count,
+            seq_length=max(max(mb.lengths) for mb in padded),
+            micro_batch_size=max(len(mb) for mb in padded),
             forward_only=forward_only,
         )
+        return outputs[: len(micro_batches)]
 
     # ----- the optimizer step ------------------------------------------------------------------
     def _optimizer_step(self, outputs: list[Any]) -> tuple[bool, float]:

@@ -7,7 +7,8 @@ DP shard of the batch. Methods run on the worker's main thread, one at a time.
 Loss scaling. The objective of a micro-batch is already divided by the *global* normalizer
 (policies.objective), so the loss to backpropagate is the plain sum over micro-batches and
 DP ranks. Megatron's schedule divides a 2-tuple loss by the number of micro-batches and its
-DDP averages gradients over DP, so each micro-batch loss is multiplied back by both.
+DDP averages gradients over DP, so each micro-batch loss is multiplied back by both
+(``loss_scale``, set by `MegatronRank._schedule`, which knows how many micro-batches run).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
 
 from actors.megatron.bridge import hf_vocab_size_of, load_hf_weights, save_hf_checkpoint, unwrap_model
 from actors.megatron.checkpoint import load_model_weights, megatron_checkpoint_dir
@@ -44,10 +44,11 @@ class NonFiniteWeights(RuntimeError):
     """The model's weights hold NaN or inf: they must never reach an engine or an export."""
 
 
-def _micro_batch_tensors(batch: Batch, device: torch.device, pack: bool = False) -> dict[str, Any]:
+def _micro_batch_tensors(batch: Batch, device: torch.device, pack: bool = False,
+                         pad_to: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Model inputs (right-padded, or packed) and response-aligned ``[B, T]`` training tensors."""
     out = response_tensors(batch, device, ("advantages", "rollout_logprobs", "ref_logprobs", "old_logprobs"),
-                           pack=pack)
+                           pack=pack, pad_to=pad_to)
     # Targets are the tokens one step after each scoring position (padding entries point at
     # some token; they are masked out).
     tokens = out["tokens"].reshape(-1)
@@ -107,8 +108,8 @@ class TrainerOps(DeviceResidency, MegatronRank):
         return logprobs, entropy
 
     def _run(self, micro_batches: list[Batch], loss_fn, forward_only: bool) -> list[Any]:
-        return self._schedule(micro_batches, partial(_micro_batch_tensors, pack=self.kernels.pack_sequences),
-                              loss_fn, forward_only)
+        pack = self.kernels.pack_sequences
+        return self._schedule(micro_batches, partial(_micro_batch_tensors, pack=pack), loss_fn, forward_only, pack)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, model: str = "actor") -> list[SampleLogprobs] | None:
@@ -124,7 +125,8 @@ class TrainerOps(DeviceResidency, MegatronRank):
             raise ValueError("compute_logprobs(model='ref') but no reference model is set (--use-reference / --ref-load)")
         if model == "teacher" and self.teacher_state is None:
             raise ValueError("compute_logprobs(model='teacher') but no teacher is loaded (--opd-teacher-load)")
-        micro_batches = self._micro_batches(batch)
+        groups = self._micro_batch_indices(batch)
+        micro_batches = [batch.select(g) for g in groups]
 
         def loss_fn(mb: dict[str, Any], logits: torch.Tensor):
             logprobs, entropy = self._token_stats(mb, logits, batch.temperature, False)
@@ -147,7 +149,7 @@ class TrainerOps(DeviceResidency, MegatronRank):
             return None
         rows = [row for out in outputs for row in out["rows"]]
         # Micro-batching reorders samples: put them back in shard order.
-        order = [i for group in self._micro_batch_indices(batch) for i in group]
+        order = [i for group in groups for i in group]
         result: list[SampleLogprobs | None] = [None] * len(batch)
         for i, row in zip(order, rows):
             result[i] = row
@@ -162,7 +164,6 @@ class TrainerOps(DeviceResidency, MegatronRank):
         """
         started = time.perf_counter()
         micro_batches = self._micro_batches(batch)
-        scale = len(micro_batches) * parallel_state.get_data_parallel_world_size()
 
         def loss_fn(mb: dict[str, Any], logits: torch.Tensor):
             logprobs, entropy = self._token_stats(mb, logits, batch.temperature, loss_spec.entropy_coef != 0.0)
@@ -177,7 +178,7 @@ class TrainerOps(DeviceResidency, MegatronRank):
                 entropy=entropy,
                 normalizer=normalizer,
             )
-            return out.loss * scale, out.metrics
+            return out.loss * mb["loss_scale"], out.metrics
 
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()

@@ -129,15 +129,18 @@ def _hf_dir(tmp_path, model_type: str, **fields):
 
 
 LAYOUT_REFUSED = {
-    "tp_with_moe": (("qwen3_moe", {}), dict(tensor_model_parallel_size=2),
-                    r"^--tensor-model-parallel-size 2 with the MoE model .* sequence parallelism"),
-    "grouped_gemm": (("qwen3_moe", {}), dict(moe_grouped_gemm=True), "^--moe-grouped-gemm is not supported"),
-    "ep_on_dense": (("qwen3", {}), dict(expert_model_parallel_size=2), "need an MoE model; .* has no MoE layers"),
-    "ep_in_the_trainer": (("qwen3_moe", {}), dict(expert_model_parallel_size=2),
-                          "^--expert-model-parallel-size 2 / --expert-tensor-parallel-size 1: the trainer does not "
-                          "spread experts over ranks yet"),
-    "expert_tp_in_the_trainer": (("glm4_moe", {}), dict(expert_tensor_parallel_size=2),
-                                 "--expert-tensor-parallel-size 2: the trainer does not spread experts"),
+    "tp_with_moe": (("qwen3_moe", {}), dict(tensor_model_parallel_size=2), 4,
+                    r"^--tensor-model-parallel-size 2 with the MoE model .* sequence parallelism.*"
+                    "--expert-model-parallel-size"),
+    "grouped_gemm": (("qwen3_moe", {}), dict(moe_grouped_gemm=True), 1, "^--moe-grouped-gemm is not supported"),
+    "ep_on_dense": (("qwen3", {}), dict(expert_model_parallel_size=2), 2,
+                    "need an MoE model; .* has no MoE layers"),
+    "ep_not_dividing_experts": (("qwen3_moe", dict(num_experts=8)), dict(expert_model_parallel_size=3), 3,
+                                "--expert-model-parallel-size 3 does not divide the 8 experts"),
+    "ep_etp_not_dividing_ranks": (("qwen3_moe", {}), dict(expert_model_parallel_size=2,
+                                                         expert_tensor_parallel_size=2), 2,
+                                  "--expert-model-parallel-size 2 x --expert-tensor-parallel-size 2 does not divide "
+                                  "the 2 ranks"),
 }
 
 
@@ -145,9 +148,9 @@ LAYOUT_REFUSED = {
 def test_moe_layouts_the_ranks_cannot_train_are_refused_at_start(case, tmp_path):
     from actors.megatron.moe_layout import check_moe_layout
 
-    (model_type, fields), transformer, message = LAYOUT_REFUSED[case]
+    (model_type, fields), transformer, ranks, message = LAYOUT_REFUSED[case]
     with pytest.raises(ValueError, match=message) as err:
-        check_moe_layout(transformer, _hf_dir(tmp_path, model_type, **fields))
+        check_moe_layout(transformer, _hf_dir(tmp_path, model_type, **fields), ranks)
     assert "\n" not in str(err.value)
 
 
@@ -158,18 +161,18 @@ def test_cuda_only_token_dispatchers_are_refused_on_cpu(transformer, tmp_path):
     from actors.megatron.moe_layout import check_moe_layout
 
     with pytest.raises(ValueError, match="needs CUDA; on CPU the experts are dispatched with allgather"):
-        check_moe_layout(transformer, _hf_dir(tmp_path, "qwen3_moe"))
+        check_moe_layout(transformer, _hf_dir(tmp_path, "qwen3_moe"), 2)
 
 
-def test_the_trainer_config_refuses_an_moe_layout_at_validate_and_takes_data_parallel_ranks(tmp_path):
+def test_the_trainer_config_refuses_an_moe_layout_at_validate_and_takes_expert_parallel_ones(tmp_path):
     from actors.megatron.config import TrainerConfig
 
     config = TrainerConfig(hf_checkpoint=_hf_dir(tmp_path, "glm4_moe"), actor_num_procs=4,
-                           megatron=dict(expert_model_parallel_size=4))
-    with pytest.raises(ValueError, match="--expert-model-parallel-size 4 / --expert-tensor-parallel-size 1"):
+                           megatron=dict(expert_model_parallel_size=3))
+    with pytest.raises(ValueError, match="--expert-model-parallel-size 3 does not divide the 128 experts"):
         config.validate()
-    config.megatron = dict(lr=1e-5)
-    config.validate()  # four data-parallel ranks, every expert on each
+    config.megatron = dict(expert_model_parallel_size=2, expert_tensor_parallel_size=2)
+    config.validate()  # EP2 x expert-TP2 over 4 ranks
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 import pytest
 
-from actors.megatron.dp_split import split_across_dp, split_into_micro_batches
+from actors.megatron.dp_split import split_across_dp, split_into_micro_batches, spread_micro_batches
 
 
 def test_every_sample_is_placed_exactly_once():
@@ -52,3 +52,18 @@ def test_exactly_one_micro_batching_rule():
         split_into_micro_batches([1], max_tokens=4, micro_batch_size=1)
     with pytest.raises(ValueError, match="exactly one"):
         split_into_micro_batches([1])
+
+
+def test_spreading_halves_the_costliest_micro_batch_until_the_count_is_reached():
+    lengths = [4, 4, 4, 4, 4, 9]
+    # [[5], [0, 1, 2, 3, 4]] costs 9 and 5x4=20: the second is halved (3 and 2 samples), then
+    # the 3-sample half (12 tokens) again -> 4 micro-batches.
+    assert spread_micro_batches([[5], [0, 1, 2, 3, 4]], lengths, 4) == [[5], [0, 1], [2], [3, 4]]
+
+
+def test_spreading_stops_at_one_sample_per_micro_batch():
+    assert spread_micro_batches([[0, 1]], [3, 5], 4) == [[1], [0]]
+
+
+def test_spreading_to_the_same_count_changes_nothing():
+    assert spread_micro_batches([[2, 0], [1]], [6, 3, 7], 2) == [[2, 0], [1]]

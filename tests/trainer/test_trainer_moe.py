@@ -1,8 +1,8 @@
 """An MoE model (tiny Qwen3-MoE, aux loss on) through the real trainer group: 2 data-parallel
 torchrun ranks driven over torch RPC. Logprobs equal transformers' recompute, PPO steps train, the
 HF export after training equals the trainer's own logprobs, and the Megatron checkpoint resumes
-in a one-rank trainer with the same logprobs. (The trainer keeps every expert on every rank:
-actors/megatron/moe_layout.py.)"""
+in a one-rank trainer with the same logprobs. (Every expert on every rank here; experts spread
+over ranks: test_trainer_moe_ep.py.)"""
 
 from __future__ import annotations
 

@@ -86,3 +86,37 @@ def test_trainer_config_travels_as_json():
     again = TrainerConfig.from_json(config.to_json())
     assert again.max_tokens_per_gpu == 128
     assert again.megatron == {"lr": 1e-6, "params_dtype": "torch.bfloat16"}
+
+
+# --------------------------------------------------------------------------------------------
+# Micro-batches grown to a shape agreed with other ranks (MoE experts spread over ranks)
+# --------------------------------------------------------------------------------------------
+
+
+def _two_samples() -> Batch:
+    return Batch(tokens=[[3, 4, 5, 6, 7], [8, 9, 10]], response_lengths=[2, 1], loss_masks=[[1, 1], [1]])
+
+
+@pytest.mark.parametrize("pack, pad_to", [(False, (3, 7)), (True, (12,))])
+def test_a_micro_batch_padded_to_an_agreed_shape_scores_the_same_tokens(pack, pad_to):
+    from actors.trainer.ops import _micro_batch_tensors
+
+    plain = _micro_batch_tensors(_two_samples(), torch.device("cpu"), pack=pack)
+    grown = _micro_batch_tensors(_two_samples(), torch.device("cpu"), pack=pack, pad_to=pad_to)
+    assert tuple(grown["tokens"].shape) == ((1, *pad_to) if pack else pad_to)
+    assert grown["padding_mask"].shape == grown["tokens"].shape
+    assert torch.equal(grown["targets"], plain["targets"])  # [[6, 7], [10, <masked>]]
+    assert torch.equal(grown["tokens"].reshape(-1)[grown["flat_positions"][grown["valid"]]],
+                       plain["tokens"].reshape(-1)[plain["flat_positions"][plain["valid"]]])
+    # The pad tokens, and only they, are marked: 8 real tokens in either layout.
+    assert int((~grown["padding_mask"]).sum()) == 8
+    assert torch.equal(grown["tokens"][~grown["padding_mask"]], plain["tokens"][~plain["padding_mask"]])
+    if pack:  # the pad tokens form one more sequence of their own
+        assert grown["packed_seq_params"].cu_seqlens_q.tolist() == [0, 5, 8, 12]
+
+
+def test_a_filler_micro_batch_is_a_sample_with_nothing_to_train():
+    from actors.megatron.mb_align import zero_loss_copy
+
+    filler = zero_loss_copy(_two_samples())
+    assert filler.tokens == [[3, 4, 5, 6, 7]] and filler.loss_masks == [[0, 0]]
