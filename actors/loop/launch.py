@@ -39,6 +39,7 @@ from slime_async.compat.slime.args import flatten_config
 from slime_async.config.loader import dump_config, print_config
 from actors.loop.run_config import RunConfig
 from slime_async.runtime import EXIT_FAILURE, run, run_supervised
+from slime_async.routed_experts import model_routed_layout
 from slime_async.cluster.nodes import Cluster
 from slime_async.supervisor import ChildSpec, Supervisor
 from slime_async.trace import TraceRecorder
@@ -188,6 +189,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         # Hooks reach the router's HTTP front here (OpenAI-client agents, slime-style plug-ins).
         rollout.ctx.router_url = await child("router").ask("front_url")
         rollout.ctx.router_api_key = config.router.router_api_key
+        if r.use_rollout_routing_replay:  # the MoE layers the samples' routed experts keep
+            rollout.ctx.routed_layout = model_routed_layout(config.trainer.hf_checkpoint)
         return await spawn(rollout)
 
     specs.append(ChildSpec("rollout", start_rollout))
