@@ -66,7 +66,7 @@ def routed_layout(config: dict[str, Any]) -> RoutedLayout | None:
     top_k = int(config.get("num_experts_per_tok") or 0)
     model_type = str(config.get("model_type", ""))
     if model_type in ("qwen2_moe", "qwen3_moe"):
-        if not config.get("num_experts"):
+        if not (config.get("num_experts") or config.get("num_local_experts")):  # transformers 5 saves the latter
             return None
         dense = set(config.get("mlp_only_layers") or ())
         step = int(config.get("decoder_sparse_step", 1) or 1)
