@@ -114,8 +114,9 @@ class GenerateContext:
             raise GenerationFailed(f"input_ids hold a token id outside the vocabulary [0, {vocab})")
         # No timeout here: a request waits in the router while weights sync, and the router
         # bounds each engine call itself (--router-request-timeout / --engine-request-timeout).
+        routed = {"return_routed_experts": True} if return_routed_experts else {}
         return await self.router.ask("generate", input_ids, sampling_params, session_id=session_id,
-                                     trace_args=trace_args, return_routed_experts=return_routed_experts, timeout=None)
+                                     trace_args=trace_args, timeout=None, **routed)
 
     async def generate_turn(self, sample: Sample, sampling_params: dict[str, Any],
                             max_new_tokens: int | None = None, *, stop: Sequence[str] = (),
