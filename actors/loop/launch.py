@@ -259,9 +259,12 @@ def critic_gpu_offset(config: RunConfig, policy_gpus: int, gpu_count: int) -> in
 
 def _text_model(config: RunConfig, tokenizer) -> TextModel:
     """What the router's HTTP front needs of the model: tokenizer, chat template, context."""
-    return TextModel.load(config.trainer.hf_checkpoint, tokenizer=tokenizer,
-                          served_name=config.router.router_served_model_name,
-                          tool_parser=config.router.router_tool_parser)
+    model = TextModel.load(config.trainer.hf_checkpoint, tokenizer=tokenizer,
+                           served_name=config.router.router_served_model_name,
+                           tool_parser=config.router.router_tool_parser)
+    if config.rollout.use_rollout_routing_replay:  # trajectories the front records carry the experts
+        model.routed_layout = model_routed_layout(config.trainer.hf_checkpoint)
+    return model
 
 
 def _resume_step(config: RunConfig, restarts: int) -> int | None:

@@ -196,3 +196,35 @@ def test_the_server_flag_on_a_dense_model_stops_the_engine_at_start_naming_it(st
     with pytest.raises(LocalEngineError, match="--enable-return-routed-experts: the model .* has no mixture-of-experts"):
         with start_engine(tiny_model_dir, "--enable-return-routed-experts"):
             pass
+
+
+async def test_a_trajectory_the_front_records_carries_the_experts_of_its_turns(routed_urls, moe_dirs):
+    """Two turns through the router's HTTP front (SGLang's /generate of a session), the second's
+    prompt extending the first's with tokens the model did not generate: the collected sample has
+    the experts of all its tokens but the last."""
+    from actors.rollout.generate import GenerateContext
+    from actors.router.text_model import TextModel
+    from slime_async.sample import Sample
+
+    model = TextModel.load(moe_dirs["glm4_moe"])
+    model.routed_layout = layout = model_routed_layout(moe_dirs["glm4_moe"])  # as launch sets it
+    router = await spawn(RouterActor(RouterConfig(router_health_interval=3600.0, router_load_interval=0.0),
+                                     [routed_urls["glm4_moe"]], model=model))
+    try:
+        url = await router.ask("front_url")
+        ctx = GenerateContext(router, model.tokenizer, config=None, router_url=url)
+        sample = Sample(group_index=0, index=0, prompt="p", tokens=list(PROMPT))
+        endpoint = ctx.openai_base_url(sample).removesuffix("/v1") + "/generate"
+        async with aiohttp.ClientSession() as http:
+            async with http.post(endpoint, json={"input_ids": PROMPT, "sampling_params": GREEDY}) as response:
+                first = (await response.json())["output_ids"]
+            second_prompt = PROMPT + first + [40, 41, 42]
+            async with http.post(endpoint, json={"input_ids": second_prompt, "sampling_params": GREEDY}) as response:
+                second = (await response.json())["output_ids"]
+            [piece] = await ctx.collect_trajectory(sample)
+    finally:
+        await router.stop()
+    assert piece.tokens == second_prompt + second
+    assert piece.rollout_routed_experts.shape == (len(piece.tokens) - 1, len(layout.moe_layers), layout.top_k)
+    reference = reference_experts(moe_dirs["glm4_moe"], piece.tokens[:-1])
+    np.testing.assert_array_equal(np.sort(piece.rollout_routed_experts, axis=-1), reference[:, list(layout.moe_layers)])
