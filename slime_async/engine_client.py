@@ -177,20 +177,18 @@ class EngineClient:
         rid: str | None = None,
         timeout: float | None = None,
         stream: bool = False, version_lag: int = 0, top_logprobs_num: int = 0, logprob_start_len: int | None = None,
-    ) -> dict[str, Any]:
+        return_routed_experts: bool = False) -> dict[str, Any]:
         """`POST /generate` for one prompt; returns SGLang's answer dict (see `parse_generate_output`);
         ``top_logprobs_num``: each token's likeliest alternatives too (``output_top_logprobs``).
-
-        ``stream``: ask for SGLang's stream of chunks (server-sent events) and assemble them into
-        the same answer, with each output token's weight version taken from the chunk that first
-        reported it (``meta_info.weight_version_segments``, unless the engine gives its own; see
-        `StreamAssembler`, which also explains ``version_lag``). An abort ends the stream like the
-        plain call's answer (finish_reason abort, the tokens so far); a failure in the stream raises
-        the EngineError the plain call would (EngineHTTPError with its status, EngineConnectionError
-        when the stream breaks off, EngineTimeout past ``timeout``). ``logprob_start_len``: SGLang's
-        prompt logprobs from that input position on (``meta_info.input_token_logprobs``)."""
-        payload = _generate_payload(input_ids, sampling_params, return_logprob, rid, logprob_start_len) | (
-            {"top_logprobs_num": top_logprobs_num} if top_logprobs_num else {})
+        ``stream``: assemble SGLang's stream of chunks (server-sent events) into the same answer, each
+        output token's weight version that of the chunk that first reported it (``weight_version_segments``
+        unless the engine gives its own; `StreamAssembler`, also for ``version_lag``). An abort ends the
+        stream like the plain call's answer; a failure in it raises the EngineError the plain call would
+        (EngineHTTPError with its status, EngineConnectionError when it breaks off, EngineTimeout past
+        ``timeout``). ``logprob_start_len``: SGLang's prompt logprobs from that input position on.
+        ``return_routed_experts``: MoE, ``meta_info.routed_experts`` (slime_async/routed_experts.py)."""
+        payload = _generate_payload(input_ids, sampling_params, return_logprob, rid, logprob_start_len,
+                                    return_routed_experts, top_logprobs_num)
         if not stream:
             return await self._call("POST", "/generate", payload, timeout=timeout, retry=_Retry.BEFORE_SEND)
         payload["stream"] = True
@@ -546,11 +544,14 @@ def check_sampling_params(sampling_params: dict[str, Any] | list[dict[str, Any]]
 
 
 def _generate_payload(input_ids: Any, sampling_params: Any, return_logprob: bool, rid: Any,
-                      logprob_start_len: int | None = None) -> dict[str, Any]:
+                      logprob_start_len: int | None = None, return_routed_experts: bool = False,
+                      top_logprobs_num: int = 0) -> dict[str, Any]:
     """The `/generate` body for one prompt or a batch (SGLang takes lists in the same fields)."""
     check_sampling_params(sampling_params)
     payload: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params,
-                               "return_logprob": return_logprob, "rid": rid, "logprob_start_len": logprob_start_len}
+                               "return_logprob": return_logprob, "rid": rid, "logprob_start_len": logprob_start_len,
+                               "return_routed_experts": return_routed_experts or None,
+                               "top_logprobs_num": top_logprobs_num or None}
     return {key: value for key, value in payload.items() if value is not None}
 
 

@@ -18,6 +18,9 @@ router's HTTP front (actors/router/http_front.py). It owns:
   the CPU engine, or the router when it streamed a request across an in-place sync), so one
   request that ran across a sync carries both versions;
 - each token's most likely alternatives (``top_logprobs_num``), kept beside its logprob;
+- routed experts (``routed``: MoE rollout routing replay): each request asks for them, and since
+  every answer covers its whole input (prompt + tokens so far) the latest one is kept, converted to
+  the runtime's layout (slime_async/routed_experts.py); a resume therefore needs no joining;
 - counters: requests, resumes, tokens kept on abort, the prompt's cached tokens;
 - ``on_progress(completion, final)`` after every request, for streaming.
 
@@ -33,6 +36,7 @@ from typing import Any
 
 from slime_async.generate_output import GenerateOutput, parse_generate_output
 from slime_async.incremental_text import IncrementalText
+from slime_async.routed_experts import RoutedExpertsError, RoutedLayout, trim
 from slime_async.stop_strings import DecodeFn, StopSearch
 
 MAX_ABORTS = 64  # a completion aborted this often is not making progress: it fails
@@ -56,6 +60,7 @@ class CompletionSpec:
     # not generated here, read back in front of the completion's text when it is parsed.
     answer_prefix: str = ""
     logprob_start_len: int | None = None  # SGLang's prompt logprobs from there on (first request only)
+    routed: RoutedLayout | None = None  # ask for the routed experts, of a model of this layout
 
 
 @dataclass
@@ -74,6 +79,8 @@ class Completion:
     # per token its (logprob, token id) alternatives, most likely first: only with top_logprobs_num
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_token_logprobs: list[Any] = field(default_factory=list)  # of the first request: the prompt's
+    # With spec.routed: int32 [len(prompt_ids) + len(output_ids) - 1, moe layers, top_k]
+    routed_experts: Any = field(default=None, compare=False, repr=False)
 
     @property
     def finish_type(self) -> str:
@@ -84,8 +91,8 @@ class Completion:
         return self.weight_versions[-1] if self.weight_versions else None
 
 
-# send(input_ids, sampling_params[, logprob_start_len=]): one engine request, SGLang's answer dict
-# (the keyword only when the spec asks for prompt logprobs).
+# send(input_ids, sampling_params[, logprob_start_len=][, return_routed_experts=]): one engine
+# request, SGLang's answer dict (each keyword only when the spec asks for it).
 SendFn = Callable[..., Awaitable[dict[str, Any]]]
 ProgressFn = Callable[[Completion, bool], Awaitable[None] | None]
 
@@ -124,13 +131,15 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
         if spec.chunk_tokens is not None:
             ask = spec.chunk_tokens if remaining is None else min(remaining, spec.chunk_tokens)
         params = {**spec.sampling_params, "max_new_tokens": ask}
+        extra: dict[str, Any] = {} if spec.routed is None else {"return_routed_experts": True}
         if out.requests == 0 and spec.logprob_start_len is not None:
-            response = await send(spec.prompt_ids, params, logprob_start_len=spec.logprob_start_len)
-        else:
-            response = await send(spec.prompt_ids + out.output_ids, params)
+            extra["logprob_start_len"] = spec.logprob_start_len
+        response = await send(spec.prompt_ids + out.output_ids, params, **extra)
         parsed = _first_request(out, response) if out.requests == 0 else parse_generate_output(response)
         if parsed.logprobs is None:
             raise GenerationFailed(f"engine {response.get('engine_url')} returned no logprobs")
+        if spec.routed is not None:
+            _take_routed(out, spec, response, parsed, len(spec.prompt_ids) + produced)
         out.requests += 1
         out.output_ids += parsed.output_ids
         out.logprobs += parsed.logprobs
@@ -145,6 +154,7 @@ async def complete(send: SendFn, spec: CompletionSpec, decode: DecodeFn | None, 
             if hit is not None:
                 cut, matched = hit
                 del out.output_ids[cut:], out.logprobs[cut:], out.weight_versions[cut:], out.top_logprobs[cut:]
+                out.routed_experts = trim(out.routed_experts, len(spec.prompt_ids) + cut - 1)
                 out.finish_reason = {"type": "stop", "matched": matched}
                 break
         if parsed.finish_type == "abort":
@@ -174,6 +184,24 @@ def _first_request(out: Completion, response: dict[str, Any]) -> GenerateOutput:
     out.cached_tokens = parsed.cached_tokens
     out.input_token_logprobs = list((response.get("meta_info") or {}).get("input_token_logprobs") or [])
     return parsed
+
+
+def _take_routed(out: Completion, spec: CompletionSpec, response: dict[str, Any], parsed: GenerateOutput,
+                 fed: int) -> None:
+    """Keep an answer's routed experts: its input (``fed`` tokens) and its output tokens but the
+    last went through the model."""
+    encoded = (response.get("meta_info") or {}).get("routed_experts")
+    new = len(parsed.output_ids)
+    if encoded is None:
+        if new == 0 and parsed.finish_type == "abort":
+            return  # aborted before its prefill: nothing ran, the experts so far stand
+        raise GenerationFailed(f"engine {response.get('engine_url')} answered without meta_info.routed_experts: "
+                               "start it with --enable-return-routed-experts (SGLang's flag; the runtime sets it "
+                               "on the engines it owns under --use-rollout-routing-replay)")
+    try:
+        out.routed_experts = spec.routed.decode(encoded, fed + new - 1)
+    except RoutedExpertsError as error:
+        raise GenerationFailed(f"engine {response.get('engine_url')}: {error}") from None
 
 
 def token_versions(output: GenerateOutput) -> list[str | None]:

@@ -26,6 +26,8 @@ import enum
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from slime_async import routed_experts
+
 
 class Status(str, enum.Enum):
     PENDING = "pending"
@@ -47,7 +49,6 @@ _SLIME_DEFAULTS: dict[str, Any] = {
     "apply_chat_template_kwargs": {},
     "rollout_top_p_token_ids": None,
     "rollout_top_p_token_offsets": None,
-    "rollout_routed_experts": None,
     "remove_sample": False,
     "generate_function_path": None,
     "custom_rm_path": None,
@@ -86,6 +87,9 @@ class Sample:
     # On-policy distillation: the teacher engine's logprob of every response token (0.0 where
     # loss_mask is 0), scored once the sample is final; None until then, or if it could not be.
     teacher_logprobs: list[float] | None = None
+    # Rollout routing replay (MoE): the experts the engine's forward used, numpy int32
+    # [len(tokens) - 1, num_moe_layers, top_k] (slime_async/routed_experts.py); None unless asked for.
+    rollout_routed_experts: Any = field(default=None, compare=False)
 
     Status: ClassVar[type[Status]] = Status  # slime's spelling: Sample.Status.COMPLETED
 
@@ -216,12 +220,14 @@ class Sample:
     def to_dict(self) -> dict[str, Any]:
         data = dict(self.__dict__)
         data["status"] = self.status.value
+        data["rollout_routed_experts"] = routed_experts.to_jsonable(self.rollout_routed_experts)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Sample:
         data = dict(data)
         data["status"] = Status(data.get("status", "pending"))
+        data["rollout_routed_experts"] = routed_experts.from_jsonable(data.get("rollout_routed_experts"))
         # Keys that are not fields (a dump written by slime, or a newer version) go to metadata.
         extra = {k: data.pop(k) for k in list(data) if k not in _FIELD_NAMES}
         sample = cls(**data)

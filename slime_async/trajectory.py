@@ -13,7 +13,8 @@ loss_mask 0; each fresh start begins a separate Sample. Text is never re-tokeniz
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from slime_async.sample import Sample, Status, policy_version
 
@@ -24,6 +25,8 @@ class RecordedChoice:
     logprobs: list[float]
     weight_versions: list[str | None]  # one per token
     finish_type: str  # stop | length
+    # R3: the turn's routed experts, [prompt + output - 1, MoE layers, top-k] (None: not asked for)
+    routed_experts: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -80,6 +83,7 @@ def _fresh_piece(sample: Sample, prompt: list[int], first: bool) -> Sample:
     piece.tokens = list(prompt)
     piece.response_length = 0
     piece.loss_mask, piece.rollout_logprobs, piece.token_versions = [], [], []
+    piece.rollout_routed_experts = None
     piece.status = Status.PENDING
     return piece
 
@@ -93,4 +97,6 @@ def _append_choice(piece: Sample, choice: RecordedChoice) -> None:
             piece.append_generated(ids[start:end], choice.logprobs[start:end], policy_version(versions[start]))
             start = end
     piece.status = Status.TRUNCATED if choice.finish_type == "length" else Status.COMPLETED
+    if choice.routed_experts is not None:  # its request's input was the whole piece so far: they cover it
+        piece.rollout_routed_experts = choice.routed_experts
 

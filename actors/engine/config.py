@@ -24,6 +24,10 @@ RUNTIME_OWNED_SGLANG_FIELDS: dict[str, str] = {
     "skip_tokenizer_init": "the runtime (it always sends token ids)",
 }
 
+# SGLang's server arg that records each MoE layer's experts (--use-rollout-routing-replay sets it):
+# the policy's engines take it, a teacher (maybe dense, never asked for them) does not.
+ROUTED_EXPERTS_ARG = "enable_return_routed_experts"
+
 
 @dataclass
 class EngineConfig:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 
-from actors.engine.config import EngineConfig
+from actors.engine.config import ROUTED_EXPERTS_ARG, EngineConfig
 from actors.engine.external import discover_external_engine
 from actors.engine.sglang import assign_engine_gpus, sglang_process_spec
 from slime_async.actor import spawn
@@ -32,9 +32,12 @@ class Fleet:
     delta_receivers: dict[str, str] = field(default_factory=dict)
 
 
-def cpu_engine_spec(name: str, model_path: str, host: str, port: int, config: EngineConfig) -> ProcessSpec:
+def cpu_engine_spec(name: str, model_path: str, host: str, port: int, config: EngineConfig, *,
+                    policy: bool = True) -> ProcessSpec:
     argv = [sys.executable, "-m", "actors.engine.cpu", "--model-path", model_path, "--host", host,
             "--port", str(port), "--max-running-requests", str(config.cpu_engine_max_running_requests)]
+    if policy and config.sglang.get(ROUTED_EXPERTS_ARG):
+        argv.append("--enable-return-routed-experts")
     if config.cpu_engine_threads:
         argv += ["--num-threads", str(config.cpu_engine_threads)]
     if config.cpu_engine_strict_preconditions:
@@ -149,10 +152,11 @@ async def build_teacher(config: EngineConfig, kind: str, log_dir: Path, *, first
     if kind == "sglang":
         check_gpu_budget(first_gpu, 1, gpu_count)
         spec = sglang_process_spec("teacher-engine", model_path, host=host, port=port, tp_size=1,
-                                   base_gpu_id=first_gpu, passthrough=config.sglang, env=nccl_env_defaults(),
+                                   base_gpu_id=first_gpu, env=nccl_env_defaults(),
+                                   passthrough={k: v for k, v in config.sglang.items() if k != ROUTED_EXPERTS_ARG},
                                    ready_timeout=config.engine_start_timeout)
     else:
-        spec = cpu_engine_spec("teacher-engine", model_path, host, port, config)
+        spec = cpu_engine_spec("teacher-engine", model_path, host, port, config, policy=False)
     return f"http://{host}:{port}", [ChildSpec(spec.name, _starter(spec, log_dir, LocalNode(host)))]
 
 

@@ -39,6 +39,7 @@ from slime_async.compat.slime.args import flatten_config
 from slime_async.config.loader import dump_config, print_config
 from actors.loop.run_config import RunConfig
 from slime_async.runtime import EXIT_FAILURE, run, run_supervised
+from slime_async.routed_experts import model_routed_layout
 from slime_async.cluster.nodes import Cluster
 from slime_async.supervisor import ChildSpec, Supervisor
 from slime_async.trace import TraceRecorder
@@ -189,6 +190,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         # Hooks reach the router's HTTP front here (OpenAI-client agents, slime-style plug-ins).
         rollout.ctx.router_url = await child("router").ask("front_url")
         rollout.ctx.router_api_key = config.router.router_api_key
+        if r.use_rollout_routing_replay:  # the MoE layers the samples' routed experts keep
+            rollout.ctx.routed_layout = model_routed_layout(config.trainer.hf_checkpoint)
         return await spawn(rollout)
 
     specs.append(ChildSpec("rollout", start_rollout))
@@ -257,9 +260,12 @@ def critic_gpu_offset(config: RunConfig, policy_gpus: int, gpu_count: int) -> in
 
 def _text_model(config: RunConfig, tokenizer) -> TextModel:
     """What the router's HTTP front needs of the model: tokenizer, chat template, context."""
-    return TextModel.load(config.trainer.hf_checkpoint, tokenizer=tokenizer,
-                          served_name=config.router.router_served_model_name,
-                          tool_parser=config.router.router_tool_parser)
+    model = TextModel.load(config.trainer.hf_checkpoint, tokenizer=tokenizer,
+                           served_name=config.router.router_served_model_name,
+                           tool_parser=config.router.router_tool_parser)
+    if config.rollout.use_rollout_routing_replay:  # trajectories the front records carry the experts
+        model.routed_layout = model_routed_layout(config.trainer.hf_checkpoint)
+    return model
 
 
 def _resume_step(config: RunConfig, restarts: int) -> int | None:

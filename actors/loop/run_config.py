@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from actors.buffer import BufferConfig, default_capacity
 from actors.critic.config import CriticConfig, check_run as check_critic_run
-from actors.engine.config import RUNTIME_OWNED_SGLANG_FIELDS, EngineConfig
+from actors.engine.config import ROUTED_EXPERTS_ARG, RUNTIME_OWNED_SGLANG_FIELDS, EngineConfig
 from actors.loop.config import TrainConfig
 from actors.loop.opd_config import check_opd, preflight_opd
 from actors.megatron.config import TrainerConfig
@@ -25,6 +25,7 @@ from policies.requirements import needs_reference
 from slime_async.config.loader import Schema, load_config
 from slime_async.config.sections import CheckpointConfig, ClusterConfig
 from slime_async.quiesce import leaves_engine_idle
+from slime_async.routed_experts import RoutedExpertsError, model_routed_layout
 
 
 @dataclass
@@ -69,6 +70,14 @@ class RunConfig:
 
     def preflight(self) -> None:
         preflight_opd(self)
+        if self.rollout.use_rollout_routing_replay and self.trainer.hf_checkpoint:
+            try:
+                layout = model_routed_layout(self.trainer.hf_checkpoint)
+            except RoutedExpertsError as error:
+                raise ValueError(f"--use-rollout-routing-replay: {error}") from None
+            if layout is None:
+                raise ValueError(f"--use-rollout-routing-replay: --hf-checkpoint {self.trainer.hf_checkpoint} is not a "
+                                 "mixture-of-experts model (Qwen3-MoE, GLM-4.5) whose experts could be replayed")
 
     def _check_colocate(self) -> None:
         """--colocate puts every engine TP worker on a trainer rank's device: the same number of each."""
@@ -149,6 +158,9 @@ class RunConfig:
                 router_stream_generate=(not leaves_engine_idle(train.weight_update_mode)
                                         if self.router.router_stream_generate is None
                                         else self.router.router_stream_generate)),
+            # R3: the engines the run starts record the experts (SGLang's server arg; the CPU engine's flag).
+            engine=replace(self.engine, sglang={**self.engine.sglang, ROUTED_EXPERTS_ARG: True})
+            if self.rollout.use_rollout_routing_replay else self.engine,
             # Unset: disk, or IPC handles (tensor) for colocated weights; an explicit choice stays.
             train=replace(train, update_weight_transport=train.update_weight_transport or (
                 "tensor" if train.colocate else "disk")),

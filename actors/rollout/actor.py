@@ -26,13 +26,14 @@ from typing import Any
 
 from actors.rollout.config import RolloutConfig
 from actors.rollout.data import Prompt
-from actors.rollout.generate import TRAJECTORY_SESSION, GenerateContext, default_generate
+from actors.rollout.generate import TRAJECTORY_SESSION, GenerateContext, GenerationFailed, default_generate
 from actors.rollout.hooks import load_function
 from actors.rollout.rewards import RewardScorer
 from actors.rollout.slime_plugins import SlimePlugins
 from actors.rollout.teacher import TeacherScorer
 from policies.concurrency import OVERSUBSCRIPTION, UNKNOWN_ENGINE_SLOTS, group_slots, rollout_concurrency
 from policies.sampling_filters import BUILTIN_FILTERS
+from slime_async import routed_experts
 from slime_async.actor import Actor, ActorRef
 from slime_async.exception_text import describe
 from slime_async.limiter import Limiter
@@ -365,6 +366,11 @@ class RolloutActor(Actor):
                 self._busy_change(-1)
         for s in result if isinstance(result, list) else [result]:
             s.check()
+            if self.ctx.routed_layout is not None:
+                try:
+                    s.rollout_routed_experts = routed_experts.cover(s.rollout_routed_experts, len(s.tokens) - 1)
+                except routed_experts.RoutedExpertsError as error:
+                    raise GenerationFailed(f"sample {s.group_index}/{s.index}: {error}") from None
             if s.status is Status.PENDING:
                 s.status = Status.COMPLETED
             if not s.response and s.response_length and self.ctx.tokenizer is not None:

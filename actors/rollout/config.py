@@ -52,6 +52,11 @@ class RolloutConfig:
         "send to (each 2 x min(max_running_requests, max_total_num_tokens // (mean prompt tokens + "
         "--rollout-max-response-len)) from its /server_info; 64 for one that reports neither), "
         "following engines that join or leave; set: a cap on that"))
+    use_rollout_routing_replay: bool = field(default=False, metadata=_help(
+        "rollout routing replay (R3, slime's flag; MoE models): every request asks the engines for the experts "
+        "each MoE layer used at every position (engines the run starts get SGLang's --enable-return-routed-experts), "
+        "and each sample carries them (rollout_routed_experts [len(tokens) - 1, MoE layers, top-k]) for the trainer "
+        "to route with instead of its own top-k"))
     # --- hooks
     custom_generate_function_path: str | None = field(default=None, metadata=_help(
         HOOK + "async def generate(ctx, sample, sampling_params) -> Sample | list[Sample]; slime's "

@@ -24,6 +24,7 @@ from typing import Any
 from slime_async.actor import ActorRef
 from slime_async.generate_output import GenerateOutput, parse_generate_output
 from slime_async.generation import MAX_ABORTS, Completion, CompletionSpec, GenerationFailed, complete
+from slime_async.routed_experts import RoutedLayout
 from slime_async.sample import Sample, Status, policy_version
 from slime_async.trace import TraceRecorder
 from slime_async.trajectory import to_samples
@@ -45,6 +46,8 @@ class GenerateContext:
     router_api_key: str | None = None  # what clients of the front must send (--router-api-key)
     # --trace-dir: the run's timeline; a hook may add its own spans (tool calls, ...) to it.
     trace: TraceRecorder = field(default_factory=TraceRecorder.off)
+    # --use-rollout-routing-replay: the policy's MoE layout; each turn then asks for the routed experts
+    routed_layout: RoutedLayout | None = None
 
     def openai_base_url(self, sample: Sample) -> str:
         """An OpenAI ``base_url`` (``.../sessions/<id>/v1``) whose requests are this sample's:
@@ -102,7 +105,7 @@ class GenerateContext:
         return output
 
     async def _ask(self, input_ids: list[int], sampling_params: dict[str, Any], *, session_id: str | None,
-                   trace_args: dict[str, Any] | None) -> dict[str, Any]:
+                   trace_args: dict[str, Any] | None, return_routed_experts: bool = False) -> dict[str, Any]:
         """One request through the router: SGLang's answer dict."""
         # SGLang does not check ids against the vocabulary and its scheduler dies on one that is
         # out of range: a hook's bad token must fail this sample, not an engine.
@@ -111,8 +114,9 @@ class GenerateContext:
             raise GenerationFailed(f"input_ids hold a token id outside the vocabulary [0, {vocab})")
         # No timeout here: a request waits in the router while weights sync, and the router
         # bounds each engine call itself (--router-request-timeout / --engine-request-timeout).
+        routed = {"return_routed_experts": True} if return_routed_experts else {}
         return await self.router.ask("generate", input_ids, sampling_params, session_id=session_id,
-                                     trace_args=trace_args, timeout=None)
+                                     trace_args=trace_args, timeout=None, **routed)
 
     async def generate_turn(self, sample: Sample, sampling_params: dict[str, Any],
                             max_new_tokens: int | None = None, *, stop: Sequence[str] = (),
@@ -126,19 +130,21 @@ class GenerateContext:
         token that completes it (kept, as it was sampled; nothing after it is) — how a tool-using
         hook ends a turn at ``</code>`` or a closing fence on any engine and tokenizer.
         The loop is `slime_async.generation.complete`, the one the router's HTTP front runs.
+        With ``routed_layout`` (--use-rollout-routing-replay) the sample's ``rollout_routed_experts``
+        become the latest answer's: they cover every token of the sample but the last.
         """
         budget = sampling_params.get("max_new_tokens", 0) if max_new_tokens is None else max_new_tokens
         if stop and self.tokenizer is None:
             raise GenerationFailed("generate_turn(stop=...) needs the run's tokenizer to match text")
         params = {k: v for k, v in sampling_params.items() if k != "max_new_tokens"}
         spec = CompletionSpec(list(sample.tokens), params, budget, tuple(stop),
-                              chunk_tokens=chunk_tokens if stop else None)
+                              chunk_tokens=chunk_tokens if stop else None, routed=self.routed_layout)
 
         turn = Completion()
 
-        async def send(input_ids: list[int], request: dict[str, Any]) -> dict[str, Any]:
+        async def send(input_ids: list[int], request: dict[str, Any], **extra: Any) -> dict[str, Any]:
             return await self._ask(input_ids, request, session_id=sample.session_id, trace_args={
-                "group": sample.group_index, "sample": sample.index, "resumed": turn.resumes > 0})
+                "group": sample.group_index, "sample": sample.index, "resumed": turn.resumes > 0}, **extra)
 
         decode = self.tokenizer.decode if stop else None
         try:
@@ -159,6 +165,8 @@ class GenerateContext:
                 end += 1
             sample.append_generated(turn.output_ids[start:end], turn.logprobs[start:end], versions[start])
             start = end
+        if turn.routed_experts is not None:
+            sample.rollout_routed_experts = turn.routed_experts
         return turn.finish_type
 
 

@@ -134,6 +134,7 @@ class RouterActor(RequestPath, HealthChecks, Actor):
         trace_args: dict[str, Any] | None = None,
         top_logprobs_num: int = 0,
         logprob_start_len: int | None = None,
+        return_routed_experts: bool = False,
     ) -> Deferred:
         """Generate on one engine; returns SGLang's response dict plus ``engine_url``.
 
@@ -144,11 +145,12 @@ class RouterActor(RequestPath, HealthChecks, Actor):
         ``finish_reason.type == "abort"`` and the tokens so far. ``trace_args`` (the sample's
         ids, ...) go on the request's span in the --trace-dir timeline. ``top_logprobs_num``:
         SGLang's field, each output token's most likely alternatives too. ``logprob_start_len``:
-        SGLang's prompt logprobs from there on (``meta_info.input_token_logprobs``)."""
+        SGLang's prompt logprobs from there on (``meta_info.input_token_logprobs``).
+        ``return_routed_experts``: SGLang's field, the experts of every position (``meta_info.routed_experts``)."""
         if input_ids and isinstance(input_ids[0], list):
             raise ValueError("router.generate takes one prompt (a list of token ids), not a batch")
         return self.defer(self._serve(input_ids, sampling_params, session_id, rid, return_logprob, trace_args,
-                                      top_logprobs_num, logprob_start_len))
+                                      top_logprobs_num, logprob_start_len, return_routed_experts))
 
     def end_session(self, session_id: str) -> None:
         """Forget a finished session (its affinity is no longer worth anything)."""

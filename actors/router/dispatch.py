@@ -31,6 +31,7 @@ class RequestPath:
         trace_args: dict[str, Any] | None = None,
         top_logprobs_num: int = 0,
         logprob_start_len: int | None = None,
+        return_routed_experts: bool = False,
     ) -> dict[str, Any]:
         retries_left = self.config.router_request_retries
         failures: list[str] = []
@@ -41,7 +42,7 @@ class RequestPath:
             pauses_before, version_at_send = engine.in_place_pauses, engine.weight_version
             try:
                 response = await self._send(engine, input_ids, sampling_params, rid, return_logprob,
-                                            top_logprobs_num, logprob_start_len)
+                                            top_logprobs_num, logprob_start_len, return_routed_experts)
             except EngineConnectionError as error:
                 engine.errors += 1
                 self._mark_down(engine, str(error))
@@ -78,6 +79,7 @@ class RequestPath:
         return_logprob: bool,
         top_logprobs_num: int = 0,
         logprob_start_len: int | None = None,
+        return_routed_experts: bool = False,
     ) -> dict[str, Any]:
         """One /generate call that the health loop can abandon: when it marks the engine down
         (a hung engine keeps connections open but never answers), the call ends with an
@@ -95,6 +97,7 @@ class RequestPath:
                 version_lag=engine.version_lag,
                 top_logprobs_num=top_logprobs_num,
                 logprob_start_len=logprob_start_len,
+                return_routed_experts=return_routed_experts,
             )
         )
         engine.calls.add(call)

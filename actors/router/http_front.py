@@ -384,15 +384,17 @@ class HttpFront:
 
     async def _complete(self, session: _Session, spec: CompletionSpec, on_progress: Any = None) -> Completion:
         router = self._router
+        if session.recorded and self.model.routed_layout is not None:  # R3: the trajectory's experts
+            spec = replace(spec, routed=self.model.routed_layout)
 
-        async def send(input_ids: list[int], params: dict[str, Any], logprob_start_len: int | None = None) -> dict:
+        async def send(input_ids: list[int], params: dict[str, Any], **extra: Any) -> dict:
             # No timeout: a request waits in the router while weights sync; the router bounds
-            # each engine call itself. The request's front slot is free meanwhile.
+            # each engine call itself. ``extra``: logprob_start_len, return_routed_experts. The
+            # request's front slot is free meanwhile.
             async with waiting():
                 return await self.stats.engine_call(
                     router.ask("generate", input_ids, params, session_id=session.id,
-                               top_logprobs_num=spec.top_logprobs_num, logprob_start_len=logprob_start_len,
-                               timeout=None))
+                               top_logprobs_num=spec.top_logprobs_num, timeout=None, **extra))
 
         decode = lambda ids: self.model.decode(ids, spec.skip_special_tokens)  # noqa: E731
         return await complete(send, spec, decode, self.model.context_len, on_progress)
@@ -512,8 +514,8 @@ class HttpFront:
                 text_parent: Any) -> None:
         if not session.recorded:
             return
-        choices = [RecordedChoice(c.output_ids, c.logprobs, c.weight_versions, c.finish_type)  # the recorder copies
-                   for c in completions]
+        choices = [RecordedChoice(c.output_ids, c.logprobs, c.weight_versions, c.finish_type,  # the recorder copies
+                                  c.routed_experts) for c in completions]
         choice_texts = [self.model.decode(c.output_ids, skip_special_tokens=False) for c in completions]
         self.recorder.record(session.id, prompt, choices, text=text, choice_texts=choice_texts if text else None,
                              text_parent=text_parent)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slime_async.trajectory import RecordedChoice, RecordedTurn, prompt_ids
 
@@ -176,10 +176,10 @@ class SessionRecorder:
 
 def _frozen(choice: RecordedChoice) -> RecordedChoice:
     """Kept as tuples (see the module docstring)."""
-    return RecordedChoice(tuple(choice.output_ids), tuple(choice.logprobs),  # type: ignore[arg-type]
-                          tuple(choice.weight_versions), choice.finish_type)  # type: ignore[arg-type]
+    return replace(choice, output_ids=tuple(choice.output_ids), logprobs=tuple(choice.logprobs),  # type: ignore[arg-type]
+                   weight_versions=tuple(choice.weight_versions))  # type: ignore[arg-type]
 
 
 def _thawed(choice: RecordedChoice) -> RecordedChoice:
-    return RecordedChoice(list(choice.output_ids), list(choice.logprobs), list(choice.weight_versions),
-                          choice.finish_type)
+    return replace(choice, output_ids=list(choice.output_ids), logprobs=list(choice.logprobs),
+                   weight_versions=list(choice.weight_versions))

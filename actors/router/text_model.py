@@ -22,6 +22,8 @@ class TextModel:
     name: str
     context_len: int | None = None  # max_position_embeddings; None = let the engine decide
     tool_parser: ToolParser = "hermes"
+    # --use-rollout-routing-replay: the MoE layout; recorded sessions' turns then carry routed experts
+    routed_layout: Any = None
 
     @classmethod
     def load(cls, model_path: str | Path, *, tokenizer: Any = None, served_name: str | None = None,

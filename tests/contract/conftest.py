@@ -10,8 +10,10 @@ reach the CPU engine's 1e-4), `SLIME_ASYNC_TEST_WEIGHT_BACKEND` (nccl by default
 gloo lets the trainer side share the engine's only GPU, which NCCL refuses) and
 `SLIME_ASYNC_TEST_TRAINER_GPU` (CUDA_VISIBLE_DEVICES of the trainer-side process under nccl).
 
-The engine is shared by the whole session; tests that change its weights restore the
-original ones afterwards (fixture `restore_weights`).
+The CPU engine runs the suite twice: on a tiny Qwen2 and on a tiny Qwen3-MoE (every weight update
+then goes through the per-expert checkpoint names; the engine records routed experts). Each engine
+is shared by its half of the session; tests that change its weights restore the original ones
+afterwards (fixture `restore_weights`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from slime_async.engine_client import EngineClient
 ENGINE_START_TIMEOUT_S = 180.0
 
 
+# The CPU engine's models: a dense one and a mixture-of-experts one (one parametrization, tiny).
+CPU_ARCHS = ("qwen2", "qwen3_moe")
+
+
 @dataclass(frozen=True)
 class EngineUnderTest:
     url: str
@@ -42,10 +48,11 @@ class EngineUnderTest:
     kind: str  # "cpu" or "external"
     logprob_atol: float
     trainer_env: dict[str, str]  # extra environment of the trainer-side broadcast process
+    arch: str = "external"  # the CPU engine's tiny model (CPU_ARCHS)
 
 
-@pytest.fixture(scope="session")
-def engine_under_test(tmp_path_factory: pytest.TempPathFactory) -> EngineUnderTest:
+@pytest.fixture(scope="session", params=["external"] if os.environ.get("SLIME_ASYNC_TEST_ENGINE_URL") else CPU_ARCHS)
+def engine_under_test(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> EngineUnderTest:
     atol = float(os.environ.get("SLIME_ASYNC_TEST_LOGPROB_ATOL", "1e-4"))
     api_key = os.environ.get("SLIME_ASYNC_TEST_ENGINE_API_KEY") or None
     external_url = os.environ.get("SLIME_ASYNC_TEST_ENGINE_URL")
@@ -60,15 +67,17 @@ def engine_under_test(tmp_path_factory: pytest.TempPathFactory) -> EngineUnderTe
 
     from examples.models.tiny import build_tiny_model
 
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model")
+    arch = request.param
+    model_dir = build_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}") / "model", arch=arch, num_experts=4)
     log_path = tmp_path_factory.mktemp("cpu_engine") / "engine.log"
+    routed = ["--enable-return-routed-experts"] if arch == "qwen3_moe" else []
     try:
-        process, url = start_local_engine(model_dir, log_path, "--host", "127.0.0.1", "--num-threads", "1",
+        process, url = start_local_engine(model_dir, log_path, "--host", "127.0.0.1", "--num-threads", "1", *routed,
                                           timeout=ENGINE_START_TIMEOUT_S)
     except LocalEngineError as exc:
         pytest.fail(str(exc))
     try:
-        yield EngineUnderTest(url, model_dir, "gloo", None, "cpu", atol, {})
+        yield EngineUnderTest(url, model_dir, "gloo", None, "cpu", atol, {}, arch)
     finally:
         stop_local_engine(process)
 
@@ -133,8 +142,8 @@ def mismatched_model_dir(engine_under_test: EngineUnderTest, tmp_path_factory: p
         pytest.skip("needs a model of the served architecture with other shapes; only built for the CPU engine")
     from examples.models.tiny import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("mismatched") / "model", hidden_size=32,
-                            intermediate_size=64, num_layers=1)
+    return build_tiny_model(tmp_path_factory.mktemp("mismatched") / "model", arch=engine_under_test.arch,
+                            hidden_size=32, intermediate_size=64, num_layers=1, num_experts=4)
 
 
 @pytest_asyncio.fixture

@@ -39,6 +39,8 @@ class EngineArgs:
     weight_version_segments: bool = True
     # SGLang's server arg: each stream chunk holds only its new tokens (default: everything so far).
     incremental_streaming_output: bool = False
+    # SGLang's server arg: record each forward's experts per MoE layer for return_routed_experts.
+    enable_return_routed_experts: bool = False
     # A control request SGLang 0.5.17 dies on: exit as it does (True) or refuse it with HTTP 400.
     strict_sglang_preconditions: bool = False
 
@@ -93,6 +95,10 @@ def parse_args(argv: list[str] | None) -> EngineArgs:
                              "each output token); a stream's chunks still name the version each was built under")
     parser.add_argument("--incremental-streaming-output", action="store_true",
                         help="SGLang's flag: each chunk of a streamed /generate holds only its new tokens")
+    parser.add_argument("--enable-return-routed-experts", action="store_true",
+                        help="SGLang's flag: record the top-k experts every MoE layer used at every position, for "
+                             "/generate requests with return_routed_experts (meta_info.routed_experts); an MoE "
+                             "model only")
     parser.add_argument(
         "--strict-sglang-preconditions",
         action=argparse.BooleanOptionalAction,

@@ -26,7 +26,9 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
+from actors.engine.cpu.checkpoint_layout import Slot, UnsupportedLayout, checkpoint_layout
 from actors.engine.cpu.config import ModelDirError, check_model_dir
+from actors.engine.cpu.routed_experts import ExpertCapture, RoutedKV, join, kv_experts
 from slime_async.dtypes import dtype_from_name
 
 # A sequence's cache: one (keys, values) pair per layer, each [1, kv_heads, len, head_dim].
@@ -55,8 +57,11 @@ def kv_length(kv: SequenceKV | None) -> int:
 
 
 def slice_kv(kv: SequenceKV, length: int) -> SequenceKV:
-    """The first `length` positions of a cache (views; safe because caches are immutable)."""
-    return [(k[:, :, :length], v[:, :, :length]) for k, v in kv]
+    """The first `length` positions of a cache (views; safe because caches are immutable), with
+    their routed experts when it carries them."""
+    experts = kv_experts(kv)
+    return RoutedKV.of([(k[:, :, :length], v[:, :, :length]) for k, v in kv],
+                       None if experts is None else experts[:length])
 
 
 def filter_top_k_top_p(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -79,7 +84,8 @@ def filter_top_k_top_p(probs: torch.Tensor, top_k: int, top_p: float) -> torch.T
 class ModelRunner:
     """Loads a causal LM on CPU and runs prefill / batched decode / sampling."""
 
-    def __init__(self, model_path: str | Path, dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+    def __init__(self, model_path: str | Path, dtype: torch.dtype = torch.float32, seed: int = 0,
+                 capture_routed_experts: bool = False) -> None:
         self.model_path = str(check_model_dir(model_path))
         self.dtype = dtype
         try:
@@ -92,10 +98,19 @@ class ModelRunner:
         self.context_len: int = getattr(self.config, "max_position_embeddings", 4096)
         self.eos_token_ids: frozenset[int] = self._eos_token_ids()
         self.generator = torch.Generator().manual_seed(seed)
+        # --enable-return-routed-experts: each forward's top-k expert ids per MoE layer ride with the KV.
+        try:
+            self.capture = ExpertCapture(self.model) if capture_routed_experts else None
+            # Weights by checkpoint name (per expert), each a slot in a parameter or persistent buffer.
+            self._layout: dict[str, Slot] = checkpoint_layout(self.model)
+        except (ValueError, UnsupportedLayout) as exc:
+            raise ModelDirError(f"model {self.model_path!r}: {exc}") from exc
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
-        # Shapes of the weights while their memory is released (SGLang's "weights" tag), and the
-        # names loaded since it was resumed: the model can serve again once every one is.
-        self._released_shapes: dict[str, torch.Size] | None = None
+        self._tensors = {**dict(self.model.named_buffers()), **self._params}  # owner name -> tensor
+        self._param_shapes = {name: param.shape for name, param in self._params.items()}
+        # Whether the weights' memory is released (SGLang's "weights" tag), and the checkpoint
+        # names not loaded since it was resumed: the model can serve again once every one is.
+        self._released = False
         self._unloaded: set[str] = set()
 
     def _eos_token_ids(self) -> frozenset[int]:
@@ -114,7 +129,8 @@ class ModelRunner:
     def prefill(self, token_ids: list[int], prefix: SequenceKV | None,
                 all_positions: bool = False) -> tuple[torch.Tensor, SequenceKV]:
         """Run the tokens after a cached prefix; return the last position's logits [vocab] (or,
-        ``all_positions``, every new position's [n_new, vocab]) and the full cache."""
+        ``all_positions``, every new position's [n_new, vocab]) and the full cache (with the
+        routed experts of every position when they are captured)."""
         start = kv_length(prefix)
         new = token_ids[start:]
         if not new:
@@ -122,8 +138,13 @@ class ModelRunner:
         cache = DynamicCache(ddp_cache_data=prefix) if prefix else DynamicCache()
         ids = torch.tensor([new], dtype=torch.long)
         positions = torch.arange(start, start + len(new), dtype=torch.long).unsqueeze(0)
+        if self.capture is not None:
+            self.capture.begin()
         out = self.model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
-        kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        experts = None
+        if self.capture is not None:
+            experts = join(kv_experts(prefix), start, self.capture.rows(len(new)))
+        kv = RoutedKV.of([(layer.keys, layer.values) for layer in out.past_key_values.layers], experts)
         return (out.logits[0].float() if all_positions else out.logits[0, -1].float()), kv
 
     @torch.inference_mode()
@@ -160,9 +181,12 @@ class ModelRunner:
         cache = DynamicCache(ddp_cache_data=layers)
         ids = torch.tensor(last_tokens, dtype=torch.long).unsqueeze(1)
         positions = torch.tensor(lengths, dtype=torch.long).unsqueeze(1)
+        if self.capture is not None:
+            self.capture.begin()
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
         )
+        rows = self.capture.rows(batch) if self.capture is not None else None
         new_kv = []
         for b, kv in enumerate(caches):
             seq = []
@@ -170,7 +194,7 @@ class ModelRunner:
                 k_new = layer.keys[b : b + 1, :, -1:]
                 v_new = layer.values[b : b + 1, :, -1:]
                 seq.append((torch.cat([kv[i][0], k_new], dim=2), torch.cat([kv[i][1], v_new], dim=2)))
-            new_kv.append(seq)
+            new_kv.append(RoutedKV.of(seq, None if rows is None else join(kv_experts(kv), lengths[b], rows[b : b + 1])))
         return out.logits[:, -1].float(), new_kv
 
     # ---- sampling ------------------------------------------------------------------
@@ -218,7 +242,8 @@ class ModelRunner:
     # ---- weights -------------------------------------------------------------------
 
     def parameter_names(self) -> list[str]:
-        return list(self._params)
+        """The weights' checkpoint names (per expert for MoE layers; checkpoint_layout.py)."""
+        return list(self._layout)
 
     def stage_from_disk(self, model_path: str) -> dict[str, torch.Tensor]:
         """Read and validate a whole checkpoint; nothing is applied yet."""
@@ -245,8 +270,8 @@ class ModelRunner:
         staged: dict[str, torch.Tensor] = {}
         for name, tensor in tensors.items():
             self._check_tensor(name, tensor.shape, tensor.dtype, exact_dtype=False, source=source)
-            staged[name] = tensor.to(self.dtype)
-        missing = [n for n in self._params if n not in staged and not self._is_tied_alias(n, staged)]
+            staged[name] = tensor.to(self._owner(name).dtype)
+        missing = [n for n in self._layout if n not in staged and not self._is_tied_alias(n, staged)]
         if missing:
             raise WeightUpdateError(
                 f"{source} lacks {len(missing)} parameter(s) of the served model, e.g. {missing[:3]}"
@@ -254,8 +279,8 @@ class ModelRunner:
         return staged
 
     def served(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """The model's current tensors under these names (views, not copies)."""
-        return {name: self._params[name].detach() for name in names}
+        """The model's current tensors under these checkpoint names (views, not copies)."""
+        return {name: self._target(name).detach() for name in names}
 
     def check_distributed_spec(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> None:
         """Validate a broadcast announcement (names, dtypes, shapes) before receiving."""
@@ -276,13 +301,13 @@ class ModelRunner:
     @torch.no_grad()
     def apply_weights(self, staged: dict[str, torch.Tensor]) -> None:
         """Copy validated tensors into the model (tied weights share storage, so one copy does)."""
-        if self._released_shapes is not None:
+        if self._released:
             raise WeightUpdateError("the weights' memory is released: POST /resume_memory_occupation first")
         for name, tensor in staged.items():
-            self._params[name].copy_(tensor)
-        # A tied alias loads its parameter object too (the set holds one name per object).
-        loaded = {id(self._params[name]) for name in staged}
-        self._unloaded = {name for name in self._unloaded if id(self._params[name]) not in loaded}
+            self._target(name).copy_(tensor)
+        # A tied alias loads its slot too (the set holds one name per slot).
+        loaded = {self._slot_key(name) for name in staged}
+        self._unloaded = {name for name in self._unloaded if self._slot_key(name) not in loaded}
 
     # ---- memory occupation (colocated training) --------------------------------------
 
@@ -291,27 +316,27 @@ class ModelRunner:
         return sum(p.numel() * p.element_size() for p in self._unique_params().values())
 
     def release_weights(self) -> int:
-        """Free the weights' memory (SGLang's release of the "weights" tag); returns the bytes freed.
-        Shapes are kept so that updates can be checked while released."""
+        """Free the parameters' memory (SGLang's release of the "weights" tag); returns the bytes
+        freed. Shapes are kept so that updates can be checked while released."""
         freed = self.weight_bytes()
-        params = self._unique_params()
-        self._released_shapes = {name: self._params[name].shape for name in self._params}
-        for param in params.values():
+        for param in self._unique_params().values():
             param.data = torch.empty(0, dtype=param.dtype)
-        self._unloaded = set(params)
+        self._released = True
+        slots = {self._slot_key(name): name for name in self._layout if self._layout[name].owner in self._params}
+        self._unloaded = set(slots.values())
         return freed
 
     def resume_weights(self) -> None:
         """Allocate the weights again; their values are undefined until every tensor is loaded."""
-        assert self._released_shapes is not None, "resume_weights without release_weights"
+        assert self._released, "resume_weights without release_weights"
         for name, param in self._unique_params().items():
-            param.data = torch.zeros(self._released_shapes[name], dtype=param.dtype)
-        self._released_shapes = None
+            param.data = torch.zeros(self._param_shapes[name], dtype=param.dtype)
+        self._released = False
 
     @property
     def can_serve(self) -> bool:
         """Whether every weight is allocated and loaded (checked before each admission)."""
-        return self._released_shapes is None and not self._unloaded
+        return not self._released and not self._unloaded
 
     def unloaded_weights(self) -> list[str]:
         """Weights not loaded since the memory was resumed (empty when the model can serve)."""
@@ -322,7 +347,7 @@ class ModelRunner:
         staged: dict[str, torch.Tensor] = {}
         for name, tensor in named:
             self._check_tensor(name, tensor.shape, tensor.dtype, exact_dtype=False, source=source)
-            staged[name] = tensor.to(self.dtype)
+            staged[name] = tensor.to(self._owner(name).dtype)
         return staged
 
     def _unique_params(self) -> dict[str, torch.nn.Parameter]:
@@ -332,21 +357,35 @@ class ModelRunner:
             seen.setdefault(id(param), name)
         return {name: self._params[name] for name in seen.values()}
 
+    def _owner(self, name: str) -> torch.Tensor:
+        return self._tensors[self._layout[name].owner]
+
+    def _target(self, name: str) -> torch.Tensor:
+        """The tensor a checkpoint name loads into: its parameter or buffer, or a view of its slot."""
+        slot = self._layout[name]
+        owner = self._tensors[slot.owner]
+        return owner if slot.index is None else owner[slot.index]
+
+    def _slot_key(self, name: str) -> tuple[int, str]:
+        """Equal for names that load the same memory (tied weights)."""
+        slot = self._layout[name]
+        return id(self._tensors[slot.owner]), repr(slot.index)
+
     def _is_tied_alias(self, name: str, staged: dict[str, torch.Tensor]) -> bool:
-        param = self._params[name]
-        return any(other in staged and self._params[other].data_ptr() == param.data_ptr() for other in self._params)
+        key = self._slot_key(name)
+        return any(other in staged and self._slot_key(other) == key for other in self._layout)
 
     def _check_tensor(self, name: str, shape: torch.Size, dtype: torch.dtype, exact_dtype: bool, source: str) -> None:
-        param = self._params.get(name)
-        if param is None:
+        slot = self._layout.get(name)
+        if slot is None:
             raise WeightUpdateError(f"{source}: unknown parameter name {name!r} for this model")
-        expected = self._released_shapes[name] if self._released_shapes is not None else param.shape
-        if tuple(shape) != tuple(expected):
+        if tuple(shape) != tuple(slot.shape):
             raise WeightUpdateError(
-                f"{source}: shape mismatch for {name!r}: got {list(shape)}, model has {list(expected)}"
+                f"{source}: shape mismatch for {name!r}: got {list(shape)}, model has {list(slot.shape)}"
             )
-        if exact_dtype and dtype != param.dtype:
+        expected_dtype = self._owner(name).dtype
+        if exact_dtype and dtype != expected_dtype:
             # SGLang also refuses a broadcast whose dtype differs from the served model's.
-            raise WeightUpdateError(f"{source}: dtype mismatch for {name!r}: got {dtype}, model has {param.dtype}")
+            raise WeightUpdateError(f"{source}: dtype mismatch for {name!r}: got {dtype}, model has {expected_dtype}")
         if not dtype.is_floating_point:
             raise WeightUpdateError(f"{source}: {name!r} has non-floating dtype {dtype}")

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from actors.engine.cpu import routed_experts
 from slime_async.generate_request import per_request
 
 if TYPE_CHECKING:  # avoid a runtime cycle: the scheduler imports SamplingParams from here
@@ -155,6 +156,7 @@ class GenerateItem:
     # The first input position whose logprob is returned (resolved: never -1); len(input_ids)
     # returns none. See resolve_logprob_start_len.
     logprob_start_len: int | None = None
+    return_routed_experts: bool = False  # SGLang's field: meta_info.routed_experts when the server records them
 
     def __post_init__(self) -> None:
         if self.logprob_start_len is None:
@@ -199,6 +201,7 @@ def parse_generate(
     rids = per_request(body.get("rid"), n, "rid", str, BadRequest)
     top_nums = per_request(body.get("top_logprobs_num"), n, "top_logprobs_num", int, BadRequest)
     starts = per_request(body.get("logprob_start_len"), n, "logprob_start_len", int, BadRequest)
+    routed = per_request(body.get("return_routed_experts"), n, "return_routed_experts", bool, BadRequest)
     items = []
     for i, ids in enumerate(prompt_list):
         where = f"input_ids[{i}]: " if is_batch else ""
@@ -214,7 +217,8 @@ def parse_generate(
         top = top_nums[i] or 0
         if isinstance(top, bool) or not 0 <= top <= vocab_size:
             raise BadRequest(f"{where}top_logprobs_num must be an integer in [0, {vocab_size}], got {top!r}")
-        items.append(GenerateItem(rids[i] or uuid.uuid4().hex, ids, params, bool(logprob_flags[i]), top, start))
+        items.append(GenerateItem(rids[i] or uuid.uuid4().hex, ids, params, bool(logprob_flags[i]), top, start,
+                                  bool(routed[i])))
     if stream and is_batch:
         raise BadRequest("stream=true takes a single prompt, not a batch")
     return items, is_batch, stream
@@ -239,6 +243,9 @@ def generate_output(req: "Request", weight_version: str, started: float, tokeniz
                   tokenizer, final=True, start=start)
     if segments and req.version_marks:
         out["meta_info"]["weight_version_segments"] = version_segments(req.version_marks, len(req.output_ids))
+    if req.return_routed_experts and req.routed_experts is not None:
+        # Only in the finished answer, as SGLang collects them when the request finishes.
+        out["meta_info"]["routed_experts"] = routed_experts.encode(req.routed_experts)
     return out
 
 

@@ -13,11 +13,9 @@ on the scheduler thread.
 Pause, abort and cache flush behave as SGLang 0.5.17's (see pause() and abort()); the control
 requests SGLang dies on are refused or end the process (preconditions.py).
 
-Why not transformers' continuous batching (generation/continuous_batching): it is built
-around one generation config for all requests and a paged cache whose prefix sharing is
-not reported per request; per-request temperature/top-p, `cached_tokens`, abort with
-partial logprobs and SGLang's pause modes would all have to be bolted on. A compact
-scheduler over the model's forward with per-sequence caches does all of it in one file.
+Why not transformers' continuous batching: one generation config for all requests, and a paged
+cache whose prefix sharing is not reported per request; per-request sampling, `cached_tokens`,
+abort with partial logprobs and SGLang's pause modes would all be bolted on.
 """
 
 from __future__ import annotations
@@ -49,7 +47,6 @@ REFUSED = "EngineCannotServe"
 @dataclass
 class SchedulerConfig:
     """Memory bounds of the scheduler."""
-
     max_running_requests: int = 32
     # Tokens reserved by the running batch: sum of (prompt + max_new_tokens) per request.
     max_total_tokens: int = 65536
@@ -92,6 +89,8 @@ class Request:
     logprob_start_len: int | None = None
     # SGLang's input_token_logprobs values from logprob_start_len on (the first None), from the first prefill only
     input_logprobs: list[float | None] | None = None
+    return_routed_experts: bool = False  # answer with the routed experts of all_ids[:-1] (routed_experts.py)
+    routed_experts: Any = None  # those, taken from the KV when it leaves the request (None: not captured)
 
     def __post_init__(self) -> None:
         if self.params.sampling_seed is not None:
@@ -590,8 +589,9 @@ class Scheduler:
             logger.exception("on_finish callback failed for request %s", request.rid)
 
     def _release_kv(self, request: Request) -> None:
-        """Hand a leaving sequence's KV to the prefix cache (it covers all_ids[:-1])."""
+        """Hand a leaving sequence's KV to the prefix cache (it covers all_ids[:-1]), keeping its experts."""
         if request.kv is not None:
+            request.routed_experts = getattr(request.kv, "experts", None)
             self.prefix_cache.insert(request.all_ids[:-1], request.kv)
         request.kv = None
 

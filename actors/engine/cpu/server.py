@@ -219,7 +219,8 @@ class EngineServer(WeightRoutes):
 
         self.scheduler.submit(Request(item.rid, item.input_ids, item.params, item.return_logprob, on_finish,
                                       top_logprobs_num=item.top_logprobs_num, on_token=on_token,
-                                      logprob_start_len=item.logprob_start_len))
+                                      logprob_start_len=item.logprob_start_len,
+                                      return_routed_experts=item.return_routed_experts))
         return future
 
     # ---- health and discovery -----------------------------------------------------------
@@ -288,6 +289,7 @@ class EngineServer(WeightRoutes):
                 "stream_interval": 1,
                 "disable_overlap_schedule": True,
                 "incremental_streaming_output": self.args.incremental_streaming_output,
+                "enable_return_routed_experts": self.args.enable_return_routed_experts,
                 "engine": "cpu",
                 "memory_occupation": self.memory.describe(),
                 "instance_id": self.instance_id,
@@ -452,7 +454,8 @@ def _load_tokenizer(model_path: str) -> Any | None:
 
 
 async def serve(args: EngineArgs) -> int:
-    runner = await asyncio.to_thread(ModelRunner, args.model_path, getattr(torch, args.dtype), args.seed)
+    runner = await asyncio.to_thread(ModelRunner, args.model_path, getattr(torch, args.dtype), args.seed,
+                                     args.enable_return_routed_experts)
     tokenizer = await asyncio.to_thread(_load_tokenizer, runner.model_path)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         # SGLang also stops on the tokenizer's EOS, which a config may not list.
