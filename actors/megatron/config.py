@@ -89,6 +89,12 @@ class TrainerConfig:
     train_step_delay: float = field(default=0.0, metadata={
         "help": "seconds each train step waits after its update (benchmarks only: a trainer slower than "
         "generation lets fully-async runs reach --max-staleness; benchmarks/staleness_ablation.py)"})
+    # R3's flag (slime's name). The engines' side (return_routed_experts on /generate, the samples'
+    # rollout_routed_experts) reads the same flag: one definition, here, where the lead merges the two.
+    use_rollout_routing_replay: bool = field(default=False, metadata={
+        "help": "rollout routing replay (R3, MoE only): the trainer's logprob recompute and training step route each "
+        "token to the experts the engine used (the sample's rollout_routed_experts) instead of its own top-k; "
+        "samples without them are routed by the trainer"})
     megatron: dict[str, Any] = field(
         default_factory=dict,
         metadata={"help": "megatron-core TransformerConfig/OptimizerConfig/DDP config fields (pass-through)"},
@@ -127,8 +133,10 @@ class TrainerConfig:
         check_model_flags(self.megatron, self.hf_checkpoint)
         transformer = split_megatron_overrides(self.megatron).transformer
         check_pipeline_layout(transformer, self.hf_checkpoint)
-        from actors.megatron.moe_layout import check_moe_layout
+        from actors.megatron.moe_layout import check_moe_layout, check_routing_replay
         check_moe_layout(transformer, self.hf_checkpoint)
+        if self.use_rollout_routing_replay:
+            check_routing_replay(transformer, self.hf_checkpoint)
         return self
 
     def preflight(self) -> None:

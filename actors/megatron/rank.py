@@ -36,6 +36,7 @@ from actors.megatron.optimizer import (
 )
 from actors.megatron.parallel import init_model_parallel
 from actors.megatron.protocol import RankInfo
+from actors.megatron.routing_replay import RoutingReplay, aux_loss_metrics, moe_layer_indices
 from slime_async.batch import Batch
 
 
@@ -137,6 +138,8 @@ class MegatronRank:
                                 attention_impl=config.attention_impl)
         if adapt_model is not None:
             adapt_model(model)  # e.g. the critic's value head, before DDP wraps the parameters
+        # MoE: a probe on every router (routing metrics; the engine's experts with R3).
+        self.routing = RoutingReplay(model, moe_layer_indices(model.config))
         self.model_config = model.config
         self.ddp = wrap_ddp(model, self.model_config, sections.ddp)
         self.optimizer, self.scheduler = build_optimizer(
@@ -172,13 +175,34 @@ class MegatronRank:
 
     def _forward_step(self, loss_fn, data_iterator: Iterator[dict[str, Any]], model: torch.nn.Module):
         mb = next(data_iterator)
-        output = model(mb["tokens"], mb["position_ids"], None, packed_seq_params=mb.get("packed_seq_params"))
+        self.routing.begin(*mb.get("routing", (None, None)))
+        try:
+            output = model(mb["tokens"], mb["position_ids"], None, packed_seq_params=mb.get("packed_seq_params"))
+        finally:
+            self.routing.end()
         return output, partial(loss_fn, mb)
+
+    def _inputs(self, mb: Batch, tensors: Callable[[Batch, torch.device], dict[str, Any]]) -> dict[str, Any]:
+        """A micro-batch's model inputs and, for an MoE, its routing: with R3 the engine's experts per
+        token in the model's token order (checked against the model: a bad sample fails here, by name)."""
+        out = tensors(mb, self.device)
+        if self.routing.active:
+            experts = mb.routed_experts if self.config.use_rollout_routing_replay else None
+            out["routing"] = self.routing.targets(experts, mb.lengths, out.get("packed_seq_params") is not None,
+                                                  mb.sample_ids)
+        return out
+
+    def _routing_metrics(self, num_micro_batches: int) -> dict[str, float]:
+        """The step's MoE routing metrics and aux losses (collective; {} for a dense model)."""
+        if not self.routing.moe_layers:
+            return {}
+        return self.routing.metrics(self.device) | aux_loss_metrics(
+            self.model_config.num_layers, len(self.routing.moe_layers), num_micro_batches, self.device)
 
     def _schedule(self, micro_batches: list[Batch], tensors: Callable[[Batch, torch.device], dict[str, Any]],
                   loss_fn, forward_only: bool) -> list[Any]:
         """Megatron's forward-backward schedule over ``micro_batches``; ``loss_fn(mb, output)``."""
-        data = iter([tensors(mb, self.device) for mb in micro_batches])
+        data = iter([self._inputs(mb, tensors) for mb in micro_batches])
         return get_forward_backward_func()(
             forward_step_func=partial(self._forward_step, loss_fn),
             data_iterator=data,
