@@ -144,3 +144,14 @@ def test_a_batch_refuses_experts_of_another_length_naming_the_sample():
                                          r"tokens"):
         Batch(tokens=[[1, 2, 3, 4]], response_lengths=[2], loss_masks=[[1, 1]], sample_ids=[(3, 4)],
               routed_experts=[np.zeros((5, 2, 2), dtype=np.int32)])
+
+
+def test_replay_is_refused_at_start_for_a_dense_model_and_with_activation_recompute(tiny_hf_dirs, tiny_moe_dirs):
+    from actors.megatron.config import TrainerConfig
+
+    with pytest.raises(ValueError, match="--use-rollout-routing-replay needs an MoE model"):
+        TrainerConfig(hf_checkpoint=str(tiny_hf_dirs["qwen3"]), use_rollout_routing_replay=True).validate()
+    recompute = TrainerConfig(hf_checkpoint=str(tiny_moe_dirs["qwen3_moe"]), use_rollout_routing_replay=True,
+                              megatron={"recompute_granularity": "full"})
+    with pytest.raises(ValueError, match="--recompute-granularity full"):
+        recompute.validate()
