@@ -188,8 +188,10 @@ class MegatronRank:
         out = tensors(mb, self.device)
         if self.routing.active:
             experts = mb.routed_experts if self.config.use_rollout_routing_replay else None
-            out["routing"] = self.routing.targets(experts, mb.lengths, out.get("packed_seq_params") is not None,
+            targets, valid = self.routing.targets(experts, mb.lengths, out.get("packed_seq_params") is not None,
                                                   mb.sample_ids)
+            # On the device once per micro-batch, not once per layer.
+            out["routing"] = (None if targets is None else targets.to(self.device), valid.to(self.device))
         return out
 
     def _routing_metrics(self, num_micro_batches: int) -> dict[str, float]:
