@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
 
 from slime_async.sample import Sample
 
@@ -26,6 +29,9 @@ class Batch:
     returns: list[list[float]] | None = None  # GAE returns: the critic's targets
     temperature: float = 1.0  # rollout temperature: logprobs are of logits / temperature
     sample_ids: list[tuple[int, int]] = field(default_factory=list)  # (group_index, index)
+    # R3 (--use-rollout-routing-replay): per sample the engine's experts, an int array
+    # [len(tokens) - 1, MoE layers, top-k], or None (the trainer routes that sample itself).
+    routed_experts: list[Any] | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -56,6 +62,19 @@ class Batch:
             for i, (row, rlen) in enumerate(zip(values, self.response_lengths)):
                 if len(row) != rlen:
                     raise ValueError(f"sample {i}: {name} has {len(row)} entries for response_length {rlen}")
+
+        if self.routed_experts is not None:
+            if len(self.routed_experts) != n:
+                raise ValueError(f"batch field routed_experts has {len(self.routed_experts)} rows for {n} samples")
+            for i, (experts, toks) in enumerate(zip(self.routed_experts, self.tokens)):
+                shape = np.shape(experts) if experts is not None else None
+                if shape is not None and (len(shape) != 3 or shape[0] != len(toks) - 1):
+                    raise ValueError(f"sample {self._name(i)}: rollout_routed_experts has shape {shape} for "
+                                     f"{len(toks)} tokens (need [{len(toks) - 1}, MoE layers, top-k])")
+
+    def _name(self, i: int) -> str:
+        """Sample ``i`` as a user finds it: its (group_index, index) where known."""
+        return f"{i} {self.sample_ids[i]}" if i < len(self.sample_ids) else str(i)
 
     @property
     def lengths(self) -> list[int]:
@@ -97,12 +116,14 @@ def batch_from_samples(
     ref_logprobs: Sequence[Sequence[float]] | None = None,
     old_logprobs: Sequence[Sequence[float]] | None = None,
     temperature: float = 1.0,
+    routed_experts: bool = False,
 ) -> Batch:
     """Build a trainer batch from rollout samples (token in, token out: no re-tokenisation).
 
     ``advantages`` / ``ref_logprobs`` / ``old_logprobs`` are per response token, in sample order (the advantage
     estimator and the reference model run before this). Rollout logprobs come from the samples
-    when every sample has them.
+    when every sample has them. With ``routed_experts`` (R3) each sample's ``rollout_routed_experts``
+    go along (a sample without them is routed by the trainer itself).
     """
     for sample in samples:
         sample.check()
@@ -121,4 +142,13 @@ def batch_from_samples(
         old_logprobs=[[float(x) for x in row] for row in old_logprobs] if old_logprobs is not None else None,
         temperature=temperature,
         sample_ids=[(s.group_index, s.index) for s in samples],
+        routed_experts=_routed_experts(samples) if routed_experts else None,
     )
+
+
+def _routed_experts(samples: Sequence[Sample]) -> list[Any] | None:
+    """Each sample's engine experts as an int32 array (None where it has none); None if no sample has any."""
+    rows = [getattr(s, "rollout_routed_experts", None) for s in samples]
+    if all(row is None for row in rows):
+        return None
+    return [None if row is None else np.asarray(row, dtype=np.int32) for row in rows]

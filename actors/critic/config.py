@@ -64,7 +64,8 @@ def critic_trainer_config(trainer: TrainerConfig, critic: CriticConfig) -> Train
     megatron = dict(trainer.megatron)
     if critic.critic_lr is not None:
         megatron["lr"] = critic.critic_lr
-    return replace(trainer, megatron=megatron, use_reference=False, ref_load=None)
+    # The critic routes its own tokens: the engine's experts are the policy's routing (R3).
+    return replace(trainer, megatron=megatron, use_reference=False, ref_load=None, use_rollout_routing_replay=False)
 
 
 def check_run(advantage_estimator: str, critic: CriticConfig, *, loss_type: str, debug_rollout_only: bool,

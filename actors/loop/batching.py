@@ -86,6 +86,7 @@ def build_train_batch(
         ref_logprobs=ref_logprobs,
         old_logprobs=old_logprobs,
         temperature=temperature,
+        routed_experts=True,  # the trainer replays them with --use-rollout-routing-replay
     )
     # The off-policy mask goes into the batch only: the samples stay as generated (a rollout dump
     # written after this holds what the engines returned; --debug-train-only recomputes the mask).
@@ -113,8 +114,8 @@ async def trainer_logprobs(trainer: ActorRef, groups: Sequence[Sequence[Sample]]
     """The logprob of every response token under ``model`` ("ref": the frozen reference, "actor":
     the current weights, i.e. π_old), in sample order."""
     samples = [sample for group in groups for sample in group]
-    rows = await trainer.ask("compute_logprobs", batch_from_samples(samples, temperature=temperature), model=model,
-                             timeout=None)
+    batch = batch_from_samples(samples, temperature=temperature, routed_experts=model == "actor")
+    rows = await trainer.ask("compute_logprobs", batch, model=model, timeout=None)
     return [list(row.logprobs) for row in rows]
 
 

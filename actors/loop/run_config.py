@@ -151,7 +151,8 @@ class RunConfig:
             buffer=replace(self.buffer, max_staleness=max_staleness, buffer_capacity=(
                 self.buffer.buffer_capacity or default_capacity(max_staleness, self.groups_per_version))),
             trainer=replace(self.trainer, global_batch_size=self._global_batch_size(),
-                            use_reference=self.trainer.use_reference or needs_reference(self.algorithm)),
+                            use_reference=self.trainer.use_reference or needs_reference(self.algorithm),
+                            use_rollout_routing_replay=self.rollout.use_rollout_routing_replay),
             router=replace(self.router, router_request_timeout=(
                 self.engine.engine_request_timeout if router_timeout is None else router_timeout),
                 # Per-token versions from the engines' streams where a request can span an update.

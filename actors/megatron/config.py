@@ -89,6 +89,9 @@ class TrainerConfig:
     train_step_delay: float = field(default=0.0, metadata={
         "help": "seconds each train step waits after its update (benchmarks only: a trainer slower than "
         "generation lets fully-async runs reach --max-staleness; benchmarks/staleness_ablation.py)"})
+    # R3 (rollout routing replay): not a flag of its own. The one flag, --use-rollout-routing-replay, is
+    # the rollout section's (the engines' side); RunConfig.resolve copies it here for the ranks.
+    use_rollout_routing_replay: bool = field(default=False, metadata={"flag": False})
     megatron: dict[str, Any] = field(
         default_factory=dict,
         metadata={"help": "megatron-core TransformerConfig/OptimizerConfig/DDP config fields (pass-through)"},
@@ -127,8 +130,10 @@ class TrainerConfig:
         check_model_flags(self.megatron, self.hf_checkpoint)
         transformer = split_megatron_overrides(self.megatron).transformer
         check_pipeline_layout(transformer, self.hf_checkpoint)
-        from actors.megatron.moe_layout import check_moe_layout
+        from actors.megatron.moe_layout import check_moe_layout, check_routing_replay
         check_moe_layout(transformer, self.hf_checkpoint, self.num_ranks(torch_cuda()) * self.actor_num_nodes)
+        if self.use_rollout_routing_replay:
+            check_routing_replay(transformer, self.hf_checkpoint)
         return self
 
     def preflight(self) -> None:

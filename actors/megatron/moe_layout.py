@@ -61,3 +61,22 @@ def check_moe_layout(transformer: dict[str, Any], hf_checkpoint: str, ranks: int
                       "token dispatcher)")
         raise ValueError(f"{cause} with the MoE model {hf_checkpoint} needs CUDA; on CPU the experts are dispatched "
                          "with allgather")
+
+
+def check_routing_replay(transformer: dict[str, Any], hf_checkpoint: str) -> None:
+    """Raise ValueError (one line) where --use-rollout-routing-replay could not replay the engine's experts."""
+    if transformer.get("moe_router_fusion"):
+        raise ValueError("--use-rollout-routing-replay with --moe-router-fusion: the fused top-k kernel bypasses "
+                         "megatron-core's routing replay")
+    if transformer.get("recompute_granularity"):
+        # A recomputed forward in the backward would route by itself: the gradient of other experts.
+        raise ValueError(f"--use-rollout-routing-replay with --recompute-granularity "
+                         f"{transformer['recompute_granularity']}: the recomputed forward is not replayed yet")
+    from actors.megatron.bridge import load_hf_config, transformer_config_from_hf
+
+    try:
+        hf_config = load_hf_config(hf_checkpoint)
+    except Exception:  # noqa: BLE001 - a missing model directory is reported by the preflight
+        return
+    if not transformer_config_from_hf(hf_config).num_moe_experts:
+        raise ValueError(f"--use-rollout-routing-replay needs an MoE model; {hf_checkpoint} has no MoE layers")

@@ -37,6 +37,7 @@ from actors.megatron.optimizer import (
 )
 from actors.megatron.parallel import init_model_parallel
 from actors.megatron.protocol import RankInfo
+from actors.megatron.routing_replay import RoutingReplay, aux_loss_metrics, moe_layer_indices
 from slime_async.batch import Batch
 
 
@@ -156,6 +157,8 @@ class MegatronRank:
                                 attention_impl=config.attention_impl)
         if adapt_model is not None:
             adapt_model(model)  # e.g. the critic's value head, before DDP wraps the parameters
+        # MoE: a probe on every router (routing metrics; the engine's experts with R3).
+        self.routing = RoutingReplay(model, moe_layer_indices(model.config))
         self.model_config = model.config
         # MoE with experts spread over ranks: micro-batches agree in number (and shape) over them.
         self.alignment = ExpertAlignment.of(self.model_config, self.device)
@@ -199,8 +202,34 @@ class MegatronRank:
         mb = next(data_iterator)
         # The MoE router leaves pad tokens out of its aux loss (and expert-bias counts).
         extra = {"padding_mask": mb["padding_mask"]} if self._moe else {}
-        output = model(mb["tokens"], mb["position_ids"], None, packed_seq_params=mb.get("packed_seq_params"), **extra)
+        self.routing.begin(*mb.get("routing", (None, None)))
+        try:
+            output = model(mb["tokens"], mb["position_ids"], None, packed_seq_params=mb.get("packed_seq_params"),
+                           **extra)
+        finally:
+            self.routing.end()
         return output, partial(loss_fn, mb)
+
+    def _inputs(self, mb: Batch, tensors: Callable[..., dict[str, Any]], shape: tuple[int, ...] | None
+                ) -> dict[str, Any]:
+        """A micro-batch's model inputs (grown to ``shape`` if given) and, for an MoE, its routing:
+        with R3 the engine's experts per token in the model's token order (checked against the
+        model: a bad sample fails here, by name)."""
+        out = tensors(mb, self.device, pad_to=shape)
+        if self.routing.active:
+            experts = mb.routed_experts if self.config.use_rollout_routing_replay else None
+            targets, valid = self.routing.targets(experts, mb.lengths, out.get("packed_seq_params") is not None,
+                                                  mb.sample_ids, pad_to=shape)
+            # On the device once per micro-batch, not once per layer.
+            out["routing"] = (None if targets is None else targets.to(self.device), valid.to(self.device))
+        return out
+
+    def _routing_metrics(self, num_micro_batches: int) -> dict[str, float]:
+        """The step's MoE routing metrics and aux losses (collective; {} for a dense model)."""
+        if not self.routing.moe_layers:
+            return {}
+        return self.routing.metrics(self.device) | aux_loss_metrics(
+            self.model_config.num_layers, len(self.routing.moe_layers), num_micro_batches, self.device)
 
     def _schedule(self, micro_batches: list[Batch], tensors: Callable[..., dict[str, Any]],
                   loss_fn, forward_only: bool, pack: bool = False) -> list[Any]:
@@ -216,7 +245,7 @@ class MegatronRank:
         padded = micro_batches + [zero_loss_copy(micro_batches[0])] * (count - len(micro_batches))
         shapes = self.alignment.shapes([micro_batch_shape(mb, pack) for mb in padded], count) or [None] * count
         loss_scale = count * parallel_state.get_data_parallel_world_size()
-        inputs = [tensors(mb, self.device, pad_to=shape) for mb, shape in zip(padded, shapes)]
+        inputs = [self._inputs(mb, tensors, shape) for mb, shape in zip(padded, shapes)]
         for mb in inputs:
             mb["loss_scale"] = loss_scale
         outputs = get_forward_backward_func()(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,9 @@ class TrainerOps(DeviceResidency, MegatronRank):
             raise ValueError("compute_logprobs(model='ref') but no reference model is set (--use-reference / --ref-load)")
         if model == "teacher" and self.teacher_state is None:
             raise ValueError("compute_logprobs(model='teacher') but no teacher is loaded (--opd-teacher-load)")
+        if model != "actor":
+            # The engine's experts are the policy's routing; the frozen models route themselves (as slime).
+            batch = replace(batch, routed_experts=None)
         groups = self._micro_batch_indices(batch)
         micro_batches = [batch.select(g) for g in groups]
 
@@ -182,10 +186,11 @@ class TrainerOps(DeviceResidency, MegatronRank):
 
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
+        self.routing.reset_counts()  # this step's routing only (not the logprob recompute's)
         outputs = self._run(micro_batches, loss_fn, forward_only=False)
         lr = float(self.optimizer.param_groups[0]["lr"])  # the lr this update uses
         update_ok, grad_norm = self._optimizer_step(outputs)
-        metrics = self._summed_metrics(outputs)
+        metrics = self._summed_metrics(outputs) | self._routing_metrics(len(micro_batches))
         info = self.info()
         if not (info.reports and info.dp_rank == 0):
             return None

@@ -208,7 +208,7 @@ def dataclass_flags(section: str, cls: type, *, skip: Iterable[str] = ()) -> lis
     hints = typing.get_type_hints(cls)
     flags = []
     for f in dataclasses.fields(cls):
-        if f.name in skip or f.name.startswith("_"):
+        if f.name in skip or f.name.startswith("_") or f.metadata.get("flag") is False:
             continue
         ftype = flag_type(hints[f.name])
         if ftype is None:

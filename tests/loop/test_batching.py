@@ -60,3 +60,13 @@ def test_pi_old_travels_in_the_batch():
     batch, _ = build_train_batch([[sample()]], SPEC, train_version=0, temperature=1.0, ref_logprobs=REF,
                                  old_logprobs=OLD)
     assert batch.old_logprobs == OLD
+
+
+def test_the_train_batch_carries_each_samples_engine_experts_for_r3_and_none_without():
+    with_experts = sample()
+    with_experts.rollout_routed_experts = [[[0, 1]], [[2, 3]], [[1, 3]], [[0, 2]]]  # 5 tokens -> 4 rows, 1 layer
+    batch, _ = build_train_batch([[with_experts, sample()]], AlgorithmConfig(), train_version=0, temperature=1.0)
+    assert batch.routed_experts[0].shape == (4, 1, 2) and batch.routed_experts[0][2].tolist() == [[1, 3]]
+    assert batch.routed_experts[1] is None  # routed by the trainer itself
+    plain, _ = build_train_batch([[sample()]], AlgorithmConfig(), train_version=0, temperature=1.0)
+    assert plain.routed_experts is None
