@@ -11,6 +11,7 @@ every step when the path holds ``{step}``: one candidate warm start per step).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from policies.algorithm import AlgorithmConfig
@@ -46,6 +47,12 @@ def label_segments(label: Any, row: int) -> list[tuple[str, bool]]:
     return segments
 
 
+def _absolute(path: str) -> str:
+    """``path`` resolved here: the trainer ranks run in the package root (``PACKAGES_ROOT``), so a
+    relative --save-hf would land there, not where the user ran the command (as run_checkpoint does)."""
+    return str(Path(path).resolve())
+
+
 async def sft_loop(*, trainer: ActorRef, monitor: ActorRef, dataset: Any, tokenizer: Any, spec: AlgorithmConfig,
                    batch_size: int, total_steps: int, save_hf: str | None) -> int:
     index = 0
@@ -66,8 +73,8 @@ async def sft_loop(*, trainer: ActorRef, monitor: ActorRef, dataset: Any, tokeni
                                    "perf/step_time": time.monotonic() - started})
         if save_hf and "{step}" in save_hf:
             # One HF export per step: warm-start candidates to measure before RL picks one.
-            await trainer.ask("export_hf", save_hf.format(step=step), timeout=None)
+            await trainer.ask("export_hf", _absolute(save_hf.format(step=step)), timeout=None)
     if save_hf and "{step}" not in save_hf:
-        await trainer.ask("export_hf", save_hf, timeout=None)
+        await trainer.ask("export_hf", _absolute(save_hf), timeout=None)
     await monitor.ask("flush")
     return 0
