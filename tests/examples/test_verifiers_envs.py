@@ -26,9 +26,12 @@ from examples.models.tiny import build_tiny_model  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "e2e")]
 
-from test_agentic_smoke import assert_trained_tokens_are_the_engines, memorize, read_jsonl  # noqa: E402
+from test_agentic_smoke import (  # noqa: E402
+    assert_observations_are_untrained, assert_trained_tokens_are_the_engines, calls_in, front_observation, memorize,
+    read_jsonl)
 from train_process import train  # noqa: E402
 from examples.verifiers import sft_data  # noqa: E402
+from examples.verifiers.calculator.env import calculator  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a busy 2-core machine is slow
 END = "<|im_end|>"
@@ -96,7 +99,7 @@ def test_a_single_turn_env_trains_on_its_rubrics_rewards_and_the_engines_tokens(
     tokenizer = AutoTokenizer.from_pretrained(single_turn_run["model"])
     assert_the_rubric_scored(single_turn_run, tokenizer)
     assert all(s["metadata"]["metrics"]["num_turns"] == 1 for s in single_turn_run["samples"])
-    assert_trained_tokens_are_the_engines(single_turn_run, tokenizer, lambda s: [])
+    assert_trained_tokens_are_the_engines(single_turn_run, tokenizer, lambda s, turns: [])
 
 
 def test_a_tool_env_runs_its_tool_and_trains_the_model_turns_only(tool_run):
@@ -105,9 +108,26 @@ def test_a_tool_env_runs_its_tool_and_trains_the_model_turns_only(tool_run):
     called = [s for s in tool_run["samples"] if s["metadata"]["metrics"].get("calculator_calls")]
     assert called, "no sample called the env's tool"
     assert all(s["metadata"]["metrics"]["num_turns"] >= 2 for s in called)
-    # The tool's output (the answer itself) comes back inside the template's glue, loss mask 0.
-    assert_trained_tokens_are_the_engines(
-        tool_run, tokenizer,
-        lambda s: ([f"\n<|im_start|>user\n<tool_response>\n{tool_run['rows'][s['metadata']['verifiers']['input']['question']]}"
-                    f"\n</tool_response>{END}\n<|im_start|>assistant\n"]
-                   if s["metadata"]["metrics"].get("calculator_calls") else []))
+    assert_trained_tokens_are_the_engines(tool_run, tokenizer, tool_observations)
+    # The check fails when a tool's output is trained: the turns around it merge into one span.
+    whole = [s for s in called if s["metadata"]["trajectory_parts"] == 1]
+    assert whole, "every called rollout was split into pieces"
+    trained = {**whole[0], "loss_mask": [1] * len(whole[0]["loss_mask"])}
+    with pytest.raises(AssertionError, match="1 model spans"):
+        assert_observations_are_untrained({**tool_run, "samples": [trained]}, tokenizer, tool_observations)
+
+
+def tool_observations(sample: dict, turns: list[str]) -> list[str]:
+    """Every model turn but a piece's last called the tool (ToolEnv stops at a turn without a call),
+    and the front rendered the tool's answer to the call the model wrote (at temperature 1 not
+    always the row's expression) in the template's glue."""
+    return [front_observation(turn, [tool_answer(call) for call in calls_in(turn)]) for turn in turns[:-1]]
+
+
+def tool_answer(call) -> str:
+    """What the env's ToolEnv sends back for a call: the tool's result, or the error as its default
+    error formatter writes it (an unknown tool, bad arguments)."""
+    try:
+        return str({"calculator": calculator}[call.name](**call.arguments))
+    except Exception as error:  # noqa: BLE001 - ToolEnv answers any failure of the call this way
+        return str(error)
