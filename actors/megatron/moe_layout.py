@@ -31,11 +31,10 @@ def check_moe_layout(transformer: dict[str, Any], hf_checkpoint: str, ranks: int
                          "(SequentialMLP), and the grouped-GEMM experts hold their weights in another layout")
     if tp == pp == ep == 1 and not {"expert_tensor_parallel_size", "moe_token_dispatcher_type"} & set(transformer):
         return  # one rank's layout: nothing to check, no need to read the HF config
-    from actors.megatron.bridge import load_hf_config, transformer_config_from_hf
+    from actors.megatron.bridge import hf_config_if_readable, transformer_config_from_hf
 
-    try:
-        hf_config = load_hf_config(hf_checkpoint)
-    except Exception:  # noqa: BLE001 - a missing model directory is reported by the preflight
+    hf_config = hf_config_if_readable(hf_checkpoint)
+    if hf_config is None:
         return
     experts = transformer_config_from_hf(hf_config).num_moe_experts  # refuses unmapped MoE fields too
     if not experts:
@@ -72,11 +71,10 @@ def check_routing_replay(transformer: dict[str, Any], hf_checkpoint: str) -> Non
         # A recomputed forward in the backward would route by itself: the gradient of other experts.
         raise ValueError(f"--use-rollout-routing-replay with --recompute-granularity "
                          f"{transformer['recompute_granularity']}: the recomputed forward is not replayed yet")
-    from actors.megatron.bridge import load_hf_config, transformer_config_from_hf
+    from actors.megatron.bridge import hf_config_if_readable, transformer_config_from_hf
 
-    try:
-        hf_config = load_hf_config(hf_checkpoint)
-    except Exception:  # noqa: BLE001 - a missing model directory is reported by the preflight
+    hf_config = hf_config_if_readable(hf_checkpoint)
+    if hf_config is None:
         return
     if not transformer_config_from_hf(hf_config).num_moe_experts:
         raise ValueError(f"--use-rollout-routing-replay needs an MoE model; {hf_checkpoint} has no MoE layers")

@@ -42,11 +42,10 @@ def check_pipeline_layout(transformer: dict[str, Any], hf_checkpoint: str) -> No
         if transformer.get(name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} is not supported with --pipeline-model-parallel-size "
                              f"{pp}: {why}")
-    from actors.megatron.bridge import load_hf_config, transformer_config_from_hf
+    from actors.megatron.bridge import hf_config_if_readable, transformer_config_from_hf
 
-    try:
-        hf_config = load_hf_config(hf_checkpoint)
-    except Exception:  # noqa: BLE001 - a missing model directory is reported by the preflight
+    hf_config = hf_config_if_readable(hf_checkpoint)
+    if hf_config is None:
         return
     layers = hf_config.num_hidden_layers
     if not any(transformer.get(name) for name in _UNEVEN_SPLIT) and layers % pp:

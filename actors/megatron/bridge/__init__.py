@@ -16,6 +16,7 @@ from actors.megatron.bridge.hf_config import (
     GPTModelArgs,
     check_supported,
     gpt_model_args_from_hf,
+    hf_config_if_readable,
     hf_head_dim,
     hf_qk_layernorm,
     hf_qkv_bias,
@@ -41,6 +42,6 @@ __all__ = [
     "DENSE_MODEL_TYPES", "MOE_MODEL_TYPES", "SUPPORTED_MODEL_TYPES", "SUPPORTED_ROPE_TYPES", "GPTModelArgs",
     "HFWeights", "ParamMapping", "check_supported", "copy_hf_metadata", "gpt_model_args_from_hf", "hf_head_dim",
     "hf_qk_layernorm", "hf_qkv_bias", "hf_vocab_size_of", "iter_hf_weight_buckets", "iter_hf_weights",
-    "load_hf_config", "load_hf_weights", "model_tensors", "moe_layer_pattern", "padded_vocab_size", "param_mappings",
+    "hf_config_if_readable", "load_hf_config", "load_hf_weights", "model_tensors", "moe_layer_pattern", "padded_vocab_size", "param_mappings",
     "rope_inv_freq", "rotary_fraction", "save_hf_checkpoint", "transformer_config_from_hf", "unwrap_model",
 ]

@@ -43,6 +43,15 @@ def load_hf_config(hf_dir_or_config: Any) -> Any:
     return hf_dir_or_config
 
 
+def hf_config_if_readable(hf_checkpoint: str) -> Any | None:
+    """The checkpoint's HF config, or None where it cannot be read: the start-time layout checks
+    skip then, and the preflight reports the missing or broken model directory in its own line."""
+    try:
+        return load_hf_config(hf_checkpoint)
+    except Exception:  # noqa: BLE001 - reported by the preflight, not here
+        return None
+
+
 def check_supported(hf_config: Any) -> None:
     """Raise ValueError (one line naming the field) for an HF config the bridge cannot reproduce."""
     # Every field that changes the HF model's numerics is either mapped below or refused here.
