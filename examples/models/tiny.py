@@ -112,6 +112,7 @@ class TinyModelSpec:
     seed: int = 0
     num_experts: int = 8  # qwen3_moe only: routed experts per layer
     num_experts_per_tok: int = 2  # qwen3_moe only: top-k
+    head_dim: int = 0  # qwen3 / qwen3_moe: per-head width; 0: hidden_size // num_attention_heads (Qwen3-30B-A3B: 128)
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -129,6 +130,8 @@ class TinyModelSpec:
         if self.arch == "qwen3_moe" and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"--num-experts-per-tok ({self.num_experts_per_tok}) must be in 1..--num-experts "
                              f"({self.num_experts})")
+        if self.head_dim < 0:
+            raise ValueError(f"--head-dim must be >= 0 (0: hidden size / heads), got {self.head_dim}")
         if self.vocab_size < 300:
             # 256 byte symbols + specials must fit before any merge is learned.
             raise ValueError(f"--vocab-size must be at least 300, got {self.vocab_size}")
@@ -194,6 +197,10 @@ def train_tokenizer(vocab_size: int, seed: int, corpus: Sequence[str] | None = N
     return wrapped
 
 
+def _head_dim(spec: TinyModelSpec) -> int:
+    return spec.head_dim or spec.hidden_size // spec.num_attention_heads
+
+
 def _model_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast):
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
@@ -216,11 +223,11 @@ def _model_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast):
         return Qwen2Config(**common)  # q/k/v projections carry a bias in Qwen2
     if spec.arch == "qwen3":
         # Qwen3 drops the qkv bias and adds RMSNorm on q and k per head.
-        return Qwen3Config(head_dim=spec.hidden_size // spec.num_attention_heads, **common)
+        return Qwen3Config(head_dim=_head_dim(spec), **common)
     if spec.arch == "qwen3_moe":
         # Qwen3's attention; every layer sparse, each expert half the dense MLP's width, top-k
         # probabilities renormalised (as Qwen3-30B-A3B).
-        return Qwen3MoeConfig(head_dim=spec.hidden_size // spec.num_attention_heads, num_experts=spec.num_experts,
+        return Qwen3MoeConfig(head_dim=_head_dim(spec), num_experts=spec.num_experts,
                               num_experts_per_tok=spec.num_experts_per_tok,
                               moe_intermediate_size=spec.intermediate_size // 2, norm_topk_prob=True, **common)
     return LlamaConfig(**common)
@@ -242,6 +249,7 @@ def build_tiny_model(
     num_experts: int = 8,
     num_experts_per_tok: int = 2,
     chat_template: str = "plain",
+    head_dim: int = 0,
 ) -> Path:
     """Write a random-init HF causal LM (safetensors) and its tokenizer to `out_dir`."""
     spec = TinyModelSpec(
@@ -257,6 +265,7 @@ def build_tiny_model(
         seed=seed,
         num_experts=num_experts,
         num_experts_per_tok=num_experts_per_tok,
+        head_dim=head_dim,
     )
     spec.validate()
     if chat_template not in CHAT_TEMPLATES:
@@ -346,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             num_experts=args.num_experts,
             num_experts_per_tok=args.num_experts_per_tok,
             chat_template=args.chat_template,
+            head_dim=args.head_dim,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -35,6 +35,9 @@ class FlagType:
     convert: Callable[[Any], Any]
     is_bool: bool = False
     is_list: bool = False
+    # Union[T, List[T]] (megatron-core's moe_aux_loss_coeff, moe_router_load_balancing_type...): one value
+    # stays a T, as megatron-core reads a one-element list as a per-type list its other fields must match.
+    scalar_if_one: bool = False
     optional: bool = False
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
@@ -78,7 +81,7 @@ def flag_type(tp: Any) -> FlagType | None:
         list_args = [a for a in args if typing.get_origin(a) in (list, typing.List)]
         if list_args:  # Union[int, List[int]]: a list of one or more
             inner = flag_type(list_args[0])
-            return dataclasses.replace(inner, optional=optional) if inner else None
+            return dataclasses.replace(inner, optional=optional, scalar_if_one=True) if inner else None
         if len(args) != 1:
             return None
         inner = flag_type(args[0])
@@ -178,7 +181,8 @@ def convert_value(ftype: FlagType, value: Any, where: str) -> Any:
             return None
         if ftype.is_list:
             items = value if isinstance(value, (list, tuple)) else [value]
-            return [ftype.convert(item) for item in items]
+            converted = [ftype.convert(item) for item in items]
+            return converted[0] if ftype.scalar_if_one and len(converted) == 1 else converted
         return ftype.convert(value)
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None

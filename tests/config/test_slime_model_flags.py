@@ -92,3 +92,19 @@ def test_without_model_flags_the_hf_config_is_not_read(tmp_path):
 def test_a_kl_loss_with_coefficient_zero_is_accepted(qwen2):
     config = run_config(qwen2, "--use-kl-loss", "--kl-loss-coef", "0.0", "--kl-loss-type", "low_var_kl")
     assert config.algorithm.use_kl_loss and config.algorithm.kl_loss_coef == 0.0
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--moe-aux-loss-coeff", "0.001"], 0.001),  # one value: megatron-core's float, as a lone routing type needs
+    (["--moe-aux-loss-coeff", "0.001", "0.01"], [0.001, 0.01]),  # one per routing type
+    (["--moe-router-load-balancing-type", "seq_aux_loss"], "seq_aux_loss"),
+])
+def test_a_float_or_list_megatron_field_given_one_value_stays_a_scalar(qwen2, flags, expected):
+    config = run_config(qwen2, *flags)
+    assert config.trainer.megatron[flags[0][2:].replace("-", "_")] == expected
+
+
+def test_a_float_or_list_megatron_field_from_a_config_file_stays_a_scalar(qwen2, tmp_path):
+    path = tmp_path / "moe.toml"
+    path.write_text("[megatron]\nmoe_aux_loss_coeff = 0.0\n")
+    assert run_config(qwen2, "--config", str(path)).trainer.megatron["moe_aux_loss_coeff"] == 0.0
