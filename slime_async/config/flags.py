@@ -79,9 +79,11 @@ def flag_type(tp: Any) -> FlagType | None:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         optional = len(args) < len(typing.get_args(tp))
         list_args = [a for a in args if typing.get_origin(a) in (list, typing.List)]
-        if list_args:  # Union[int, List[int]]: a list of one or more
+        if list_args:  # Union[int, List[int]] or Optional[List[int]]: a list of one or more
             inner = flag_type(list_args[0])
-            return dataclasses.replace(inner, optional=optional, scalar_if_one=True) if inner else None
+            # Only a union that also admits the scalar (Union[T, List[T]]) keeps one value as a T.
+            scalar_if_one = len(args) > len(list_args)
+            return dataclasses.replace(inner, optional=optional, scalar_if_one=scalar_if_one) if inner else None
         if len(args) != 1:
             return None
         inner = flag_type(args[0])

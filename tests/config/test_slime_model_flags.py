@@ -108,3 +108,10 @@ def test_a_float_or_list_megatron_field_from_a_config_file_stays_a_scalar(qwen2,
     path = tmp_path / "moe.toml"
     path.write_text("[megatron]\nmoe_aux_loss_coeff = 0.0\n")
     assert run_config(qwen2, "--config", str(path)).trainer.megatron["moe_aux_loss_coeff"] == 0.0
+
+
+def test_a_list_only_field_given_one_value_stays_a_list():
+    # Optional[list[str]] is a union too, but admits no scalar: one path must not become a string.
+    from slime_async.config.flags import convert_value, flag_type
+    assert convert_value(flag_type(list[str] | None), ["held.jsonl"], "--eval-prompt-data") == ["held.jsonl"]
+    assert convert_value(flag_type(float | list[float]), ["0.5"], "--moe-aux-loss-coeff") == 0.5
