@@ -5,11 +5,12 @@ signature and docstring) with its own dataset and eval dataset (made here by cod
 downloaded) and a rubric whose reward is the exact match of the final answer; ToolEnv adds its
 own monitors (``total_tool_calls``, ``calculator_calls``, ``num_turns``).
 
-The expression is quoted in the question (``Compute "583*81-203".``) as it is in the call's JSON
-arguments, and every answer has five digits (the problems are products minus or plus a number):
-both the call and the answer are then copies a small model learns (see the example's README).
+The expression is quoted in the question (``Compute "583*81+203".``) as it is in the call's JSON
+arguments, every expression is ``a*b+c`` with three, two and three digits, and every answer has
+five digits: the call and the answer are then copies a small model learns (see the example's
+README; with ``a*b±c`` the tiny model copied every digit but not the sign, and GRPO did not fix it).
 
-    vf.load_environment("examples.verifiers.calculator.env", num_train=4000, num_eval=128)
+    vf.load_environment("examples.verifiers.calculator.env", num_train=20000, num_eval=128)
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ def calculator(expression: str) -> str:
 
 
 def problems(count: int, seed: int) -> list[tuple[str, int]]:
-    """``count`` distinct ``(a*b±c, value)`` with five-digit positive values, deterministic in ``seed``."""
+    """``count`` distinct ``(a*b+c, value)`` with five-digit values, deterministic in ``seed``."""
     rng = random.Random(seed)
     out: dict[str, int] = {}
     while len(out) < count:
-        a, b, c = rng.randint(100, 999), rng.randint(10, 99), rng.randint(10, 999)
-        expression = f"{a}*{b}{rng.choice('+-')}{c}"
+        a, b, c = rng.randint(100, 999), rng.randint(10, 99), rng.randint(100, 999)
+        expression = f"{a}*{b}+{c}"
         value = eval(expression)
         if 10000 <= value <= 99999:
             out.setdefault(expression, value)
@@ -53,7 +54,7 @@ def exact_answer(parser: vf.Parser, completion: vf.Messages, answer: str) -> flo
     return 1.0 if (parser.parse_answer(completion) or "").strip() == answer else 0.0
 
 
-def load_environment(num_train: int = 4000, num_eval: int = 128, seed: int = 0, max_turns: int = 3) -> vf.Environment:
+def load_environment(num_train: int = 20000, num_eval: int = 128, seed: int = 0, max_turns: int = 3) -> vf.Environment:
     drawn = problems(num_train + num_eval, seed)
     heldout, train = drawn[:num_eval], drawn[num_eval:]
 
