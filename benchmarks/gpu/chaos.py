@@ -383,6 +383,15 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
     return row
 
 
+def latest(rows: list[Row]) -> list[Row]:
+    """Each fault's last row, in the order the faults first appear: a fault run again (its first
+    attempt cut) shows once, as it went the last time."""
+    last: dict[str, Row] = {}
+    for row in rows:
+        last[row.fault] = row  # a dict keeps a key's first position
+    return list(last.values())
+
+
 def table(rows: list[Row]) -> str:
     head = "| fault | outcome | steps | prompts lost | prompts repeated | recover (s) | baseline step (s) | last line |"
     lines = [head, "|" + "---|" * 8]
@@ -427,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--external-engine", choices=("cpu", "sglang"), default="cpu",
                         help="restart-external-engine: the server the driver starts (the CPU engine or SGLang, "
                              "launched with the train flags' --sglang-* flags)")
+    parser.add_argument("--skip-done", action="store_true",
+                        help="leave out faults whose last row in OUT/chaos.jsonl is not cut: the same command, "
+                             "repeated, runs what is left")
     parser.add_argument("--batch-size", type=int, default=32, help="the run's --rollout-batch-size when not in the flags")
     args = parser.parse_args(own)
     faults = args.faults.split(",")
@@ -452,6 +464,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ended a process tree an earlier invocation left running: {left}", flush=True)
     rows = read_rows(args.out / "chaos.jsonl")
     baseline = next((r.median_step_s for r in reversed(rows) if r.fault == "none"), None)
+    if args.skip_done:
+        done = {r.fault for r in latest(rows) if r.outcome != "cut"}
+        if done & set(faults):
+            print(f"in the table already (--skip-done): {','.join(f for f in faults if f in done)}", flush=True)
+        faults = [f for f in faults if f not in done]
     signal.signal(signal.SIGTERM, _cut)
     try:
         for i, name in enumerate(faults):
@@ -467,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             with open(args.out / "chaos.jsonl", "a") as handle:
                 handle.write(json.dumps(asdict(row)) + "\n")
-            (args.out / "chaos.md").write_text(table(rows) + "\n")
+            (args.out / "chaos.md").write_text(table(latest(rows)) + "\n")
             print(table(rows[-1:]).splitlines()[-1], flush=True)
             if any(note.startswith("cut: the driver was stopped") for note in row.notes):
                 return 1
@@ -476,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    print(table(rows))
+    print(table(latest(rows)))
     return 0
 
 

@@ -11,12 +11,14 @@
 # Calls (each <= 570 s; the host goes cold ~30 s after a call, and with it /tmp and SGLang's JIT cache):
 #   stage  carry .gpu-wheels/b1                  (../shared/gpu/sglang-wheels.sh .gpu-wheels), unless SGLang
 #   run    carry .gpu-wheels/b2 .gpu-wheels/b6   is installed already; later run calls need no carry
-# `FAULTS=a,b bash benchmarks/gpu/chaos.sh run` runs those faults; a fault is not started with less than
-# MIN_FAULT_S (200) left in the call's BUDGET_S (570), and one still going at the end is stopped whole,
-# its row saying it was cut. Rows accumulate in /tmp/chaos/results over the calls of one warm host;
-# every call copies the table so far to $OUT/chaos.md (rows: chaos.jsonl) and the logs to
-# $OUT/chaos_logs.tgz (<fault>.log the run's console, logs/<fault>/ its children's logs); unpack into
-# benchmarks/gpu/results/chaos/ and put the table in docs/reliability.md.
+# A run call runs the faults of FAULTS (default: all) that have no row yet, in order: a fault is not
+# started with less than MIN_FAULT_S (200) left in the call's BUDGET_S (570), and one still going at
+# the end is stopped whole, its row saying it was cut (it runs again in the next call). So the same
+# `bash benchmarks/gpu/chaos.sh run`, repeated on the warm host, finishes the table. Rows accumulate
+# in /tmp/chaos/results; every call copies the table so far to $OUT/chaos.md (rows: chaos.jsonl) and
+# the logs to $OUT/chaos_logs.tgz (<fault>.log the run's console, logs/<fault>/ its children's,
+# <fault>.engine.log the external SGLang's); unpack into benchmarks/gpu/results/chaos/ and put the
+# table in docs/reliability.md.
 #
 #   cpu    the same argument list against the embedded CPU engine with a tiny model and small sizes
 #          (no GPU, no SGLang): the GPU argument list is parsed first, then FAULTS run (default
@@ -47,7 +49,7 @@ train_flags() {
 chaos_argv() {
   CHAOS=("$PY" -m benchmarks.gpu.chaos --out "$R" --faults "$FAULTS" --steps "$STEPS" --fault-after 2
     --stop-seconds "${STOP_S:-60}" --timeout "${RUN_TIMEOUT_S:-420}" --deadline-s "$DEADLINE_S"
-    --min-fault-s "${MIN_FAULT_S:-200}" --external-engine "$1" -- "${TRAIN[@]}" "${ENGINE[@]}")
+    --min-fault-s "${MIN_FAULT_S:-200}" --skip-done --external-engine "$1" -- "${TRAIN[@]}" "${ENGINE[@]}")
 }
 
 keep() {

@@ -12,7 +12,7 @@ import pytest
 
 import psutil
 
-from benchmarks.gpu.chaos import Row, expected_prompts, main, table, trained_prompts
+from benchmarks.gpu.chaos import Row, expected_prompts, latest, main, table, trained_prompts
 from benchmarks.gpu.chaos_external import split_engine_flags
 from examples.models.tiny import build_tiny_model
 
@@ -79,13 +79,14 @@ def test_a_run_still_going_at_the_deadline_is_cut_whole_and_its_row_says_so(tmp_
     _, _, flags = tiny_run
     out = tmp_path / "out"
     out.mkdir()
-    (out / "chaos.jsonl").write_text(json.dumps({"fault": "none", "outcome": "completes", "median_step_s": 1.5}) + "\n")
+    (out / "chaos.jsonl").write_text(json.dumps({"fault": "sigstop-engine", "outcome": "completes"}) + "\n")
     assert main(["--out", str(out), "--faults", "none", "--steps", "3", "--deadline-s", "3", "--min-fault-s", "0",
                  "--", *flags]) == 0
     rows = [json.loads(line) for line in (out / "chaos.jsonl").read_text().splitlines()]
-    assert [r["fault"] for r in rows] == ["none", "none"]
+    assert [r["fault"] for r in rows] == ["sigstop-engine", "none"]
     assert rows[1]["outcome"] == "cut" and rows[1]["notes"][0].startswith("cut: --deadline-s reached"), rows[1]
     assert len((out / "chaos.md").read_text().splitlines()) == 2 + 2  # the earlier call's row is in the table too
+    assert table(latest([Row("none", "cut"), Row("none", "completes")])).splitlines()[2].startswith("| none | completes")
     assert json.loads((out / "running.json").read_text()) == []
     assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()
                 and p.status() != psutil.STATUS_ZOMBIE]
@@ -96,6 +97,17 @@ def test_a_fault_is_not_started_with_less_than_min_fault_s_left(tmp_path, capsys
                  "--", "--prompt-data", str(tmp_path / "prompts.jsonl")]) == 0
     assert "(--min-fault-s 60): FAULTS=none,sigstop-engine" in capsys.readouterr().out
     assert not (tmp_path / "runs").exists() and not (tmp_path / "chaos.jsonl").exists()
+
+
+def test_skip_done_leaves_out_the_faults_in_the_table_and_runs_again_the_cut_ones(tmp_path, capsys):
+    (tmp_path / "chaos.jsonl").write_text("".join(json.dumps(row) + "\n" for row in (
+        {"fault": "none", "outcome": "completes"}, {"fault": "sigstop-engine", "outcome": "fails"},
+        {"fault": "kill9-engine-generating", "outcome": "cut"})))
+    assert main(["--out", str(tmp_path), "--faults", "none,kill9-engine-generating,sigstop-engine", "--skip-done",
+                 "--deadline-s", "1", "--min-fault-s", "60", "--", "--prompt-data", str(tmp_path / "p.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "in the table already (--skip-done): none,sigstop-engine" in out
+    assert "FAULTS=kill9-engine-generating" in out
 
 
 def test_kill_9_of_the_cpu_engine_paused_in_place_completes_with_no_prompt_lost_or_repeated(tmp_path, tiny_run):
