@@ -489,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
             if any(note.startswith("cut: the driver was stopped") for note in row.notes):
                 return 1
     except Cut:
-        print("stopped (SIGTERM) between faults", flush=True)
+        print("stopped (SIGTERM)", flush=True)
+        for left in reap(args.registry):  # a stop the SIGTERM itself interrupted
+            print(f"ended {left}", flush=True)
         return 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
