@@ -43,6 +43,11 @@ class EngineConfig:
     rollout_num_gpus_per_engine: int = field(
         default=1, metadata=_help("GPUs per SGLang engine, i.e. its tensor-parallel size (sglang only)")
     )
+    rollout_share_trainer_gpus: bool = field(default=False, metadata=_help(
+        "SGLang engines start on the trainer's GPUs (from GPU 0) and stay resident beside its ranks, without "
+        "--colocate's release and offload: a one-GPU host. Leave the trainer room with --sglang-mem-fraction-static "
+        "(e.g. 0.35); weights move by disk or tensor (IPC), not distributed (one NCCL group cannot hold an engine "
+        "and a trainer rank on one GPU)"))
     rollout_num_engines: int = field(default=1, metadata=_help("number of embedded CPU engines (cpu only)"))
     rollout_num_nodes: int = field(default=1, metadata=_help(
         "nodes the owned engines are spread over, the head's first (more than 1: the others run `slime-async "

@@ -141,8 +141,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     trainer_gpus = 0 if config.train.debug_rollout_only or not gpu_available else config.trainer.actor_num_gpus_per_node
     critic_first_gpu = critic_gpu_offset(config, trainer_gpus, torch.cuda.device_count() if gpu_available else 0)
     trainer_gpus += critic_first_gpu  # 0 when the critic shares the policy's GPUs
-    if config.train.colocate or config.train.update_weight_transport == "tensor":
-        trainer_gpus = 0  # the engines take the trainer's own GPUs, from GPU 0 (IPC handles stay on a device)
+    trainer_gpus = engines_first_gpu(config, trainer_gpus)
     fleet = await build_fleet(config.engine, config.trainer.hf_checkpoint, logs, gpu_available=gpu_available,
                               first_gpu=trainer_gpus, gpu_count=torch.cuda.device_count() if gpu_available else 0,
                               nodes=cluster.nodes, trainer_nodes=config.trainer.actor_num_nodes,
@@ -249,12 +248,24 @@ async def opd_teacher(config: RunConfig, kind: str, logs: Path, *, first_gpu: in
     return url, children
 
 
+def engines_first_gpu(config: RunConfig, trainer_gpus: int) -> int:
+    """The first GPU of the run's SGLang engines: after the trainer's ``trainer_gpus`` (its ranks and a
+    critic of its own), or GPU 0 where they share the trainer's GPUs: colocated (time-shared), moved by
+    IPC handles (``tensor``: a handle is only valid on its own device) or --rollout-share-trainer-gpus."""
+    if (config.train.colocate or config.train.update_weight_transport == "tensor"
+            or config.engine.rollout_share_trainer_gpus):
+        return 0
+    return trainer_gpus
+
+
 def critic_gpu_offset(config: RunConfig, policy_gpus: int, gpu_count: int) -> int:
     """The first GPU of PPO's critic group: right after the policy's when the host has GPUs for
     both and for the SGLang engines, else 0 (it shares the policy's GPUs, as on a one-GPU host)."""
     if not policy_gpus or not uses_critic(config.algorithm):
         return 0
     engine_gpus = config.engine.rollout_num_gpus if config.engine.engine_type in ("auto", "sglang") else 0
+    if engines_first_gpu(config, policy_gpus) == 0:
+        engine_gpus = 0  # the engines are on the policy's GPUs
     return policy_gpus if 2 * policy_gpus + engine_gpus <= gpu_count else 0
 
 

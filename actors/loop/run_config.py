@@ -63,6 +63,8 @@ class RunConfig:
                          debug_rollout_only=train.debug_rollout_only, debug_train_only=train.debug_train_only)
         if train.colocate:
             self._check_colocate()
+        if self.engine.rollout_share_trainer_gpus:
+            self._check_share_trainer_gpus()
         check_opd(self)
         if self.algorithm.advantage_estimator == "ppo" and self.trainer.actor_num_nodes > 1:
             raise ValueError("--actor-num-nodes > 1 with --advantage-estimator ppo: PPO's critic group runs on "
@@ -103,6 +105,20 @@ class RunConfig:
                 raise ValueError(f"--colocate: the trainer's GPUs (--actor-num-gpus-per-node × --actor-num-nodes = "
                                  f"{trainer_gpus}) must be the engines' (--rollout-num-gpus {engine.rollout_num_gpus}):"
                                  " each engine TP worker shares a trainer rank's GPU")
+
+    def _check_share_trainer_gpus(self) -> None:
+        """--rollout-share-trainer-gpus places engines this run launches with SGLang, resident beside
+        the trainer's ranks: a transport that needs them in one NCCL group cannot work there."""
+        engine, train = self.engine, self.train
+        if engine.engine_type in ("cpu", "external"):
+            raise ValueError(f"--rollout-share-trainer-gpus with --engine-type {engine.engine_type}: it places the "
+                             "SGLang engines this run launches on the trainer's GPUs")
+        if train.colocate:
+            raise ValueError("--rollout-share-trainer-gpus with --colocate: colocated engines already take the "
+                             "trainer's GPUs (and release them while it trains); use one of the two")
+        if train.update_weight_transport == "distributed":
+            raise ValueError("--rollout-share-trainer-gpus with --update-weight-transport distributed: an engine and "
+                             "a trainer rank on one GPU cannot be in one NCCL group; use disk or tensor")
 
     def _check_global_batch_size(self) -> None:
         """--num-steps-per-rollout sets --global-batch-size (as in slime); both must split a rollout

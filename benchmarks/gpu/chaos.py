@@ -13,6 +13,7 @@ injected once step ``--fault-after`` has trained:
 | kill9-engine-paused-in-place | an in_place sync begins (requests paused with their KV) | SIGKILL of the engine |
 | sigstop-engine | the engine reports running requests | SIGSTOP for --stop-seconds, then SIGCONT |
 | kill9-trainer-rank-update | a weight sync begins | SIGKILL of trainer rank 0 (the run saves every step) |
+| restart-external-engine | step fault-after has trained | SIGKILL of the driver's external engine, restarted on its port |
 
 A weight-update fault hits the sync of step fault-after + 1, which the run holds, its engines paused,
 until the fault is in (--debug-hold-weight-sync; see inject()).
@@ -24,6 +25,11 @@ first step that could only be trained with the target back (see run_fault), besi
 median step time. The same logic runs against
 the CPU engine (tests/benchmarks/test_chaos_driver.py) and against SGLang (benchmarks/gpu/chaos.sh).
 
+Rows accumulate in OUT/chaos.jsonl over invocations (faults split over several device calls): the
+table OUT/chaos.md holds every row so far. ``--deadline-s`` is the time this invocation may take:
+a run still going then is stopped whole and its row says it was cut; a fault is not started with
+less than ``--min-fault-s`` left. Trees an earlier, killed invocation left running are ended first.
+
     python -m benchmarks.gpu.chaos --out OUT --faults none,kill9-engine-disk-update -- TRAIN FLAGS...
 """
 
@@ -33,6 +39,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -45,6 +52,9 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.gpu.chaos_external import ExternalEngine, split_engine_flags
+from benchmarks.gpu.chaos_procs import Tree, reap
+
 # The weight sync's line once --debug-hold-weight-sync holds it, its engines paused (actors/weight_sync/actor.py).
 SYNC_HELD = "weight sync v{version}: held until"
 ENGINES = re.compile(r"engines \(\w+\): (\S+)")
@@ -53,9 +63,9 @@ ENGINE_PROCESS = ("actors.engine.cpu", "sglang.launch_server")
 
 @dataclass(frozen=True)
 class Fault:
-    trigger: str  # "" (none) | "generating" | "sync"
-    target: str = ""  # "engine" | "rank"
-    action: str = "kill9"  # "kill9" | "stop"
+    trigger: str  # "" (none) | "trained" (step fault-after's row is in) | "generating" | "sync"
+    target: str = ""  # "engine" | "rank" | "external" (an engine the driver starts)
+    action: str = "kill9"  # "kill9" | "stop" | "restart" (kill9, then start it again on its port)
     flags: tuple[str, ...] = ()
     gpu_only: bool = False
 
@@ -68,7 +78,16 @@ FAULTS = {
     "kill9-engine-paused-in-place": Fault("sync", "engine", flags=("--weight-update-mode", "in_place")),
     "sigstop-engine": Fault("generating", "engine", action="stop"),
     "kill9-trainer-rank-update": Fault("sync", "rank", flags=("--save", "{run}/save", "--save-interval", "1")),
+    # Not "generating": the tiny CPU run's generation is over in a fraction of a second, and a driver
+    # polling the engine's load can miss every one; the next step's generation needs the engine anyway.
+    "restart-external-engine": Fault("trained", "external", action="restart"),
 }
+# What a fault's run leaves that is large and read by nothing after its row: checkpoints, weight exports.
+BULKY = ("save", "weights")
+
+
+class Cut(BaseException):
+    """SIGTERM to the driver (the call's own time limit): stop the fault's run, keep its row."""
 
 
 @dataclass
@@ -89,16 +108,18 @@ class Row:
 class Run:
     """One `slime-async train` process in its own session, its log and its metrics rows' arrival times."""
 
-    def __init__(self, run_dir: Path, argv: list[str], env: dict[str, str]):
+    def __init__(self, run_dir: Path, argv: list[str], env: dict[str, str], registry: Path):
         self.run_dir, self.log_path = run_dir, run_dir.with_suffix(".log")
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "actors.loop.cli", "train", "--run-dir",
                                              str(run_dir), "--no-progress-bar", *argv], stdout=log,
                                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.tree = Tree(self.process, registry)
         self.step_times: dict[int, float] = {}  # step -> when its metrics row was first seen
 
     def poll(self) -> None:
+        self.tree.track()
         path = self.run_dir / "metrics.jsonl"
         if not path.is_file():
             return
@@ -131,9 +152,8 @@ class Run:
         return out
 
     def stop(self) -> None:
-        if self.alive():
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        """The run and every process it started, gone (GPU memory back) before the next fault."""
+        self.tree.stop()
 
 
 def engine_pid(run: Run) -> int | None:
@@ -197,19 +217,27 @@ def last_step(run: Run) -> int:
 
 
 def inject(run: Run, fault: Fault, after: int, stop_seconds: float, deadline: float,
-           hold: Path | None = None) -> tuple[float, int]:
+           hold: Path | None = None, external: ExternalEngine | None = None) -> tuple[float, int]:
     """Wait for the fault's moment, inject it; (when, the last step trained before it).
 
     A sync fault's moment does not race the run: the run holds that sync, engines paused, until
     the fault is in (``hold``, --debug-hold-weight-sync); an in-place sync of a small model is
     over in tens of milliseconds, less than a log-watching driver may take to notice it."""
-    if fault.trigger == "generating":
+    if fault.trigger in ("generating", "trained"):
         wait_for(run, lambda: max(run.step_times, default=0) >= after, deadline, f"trained step {after}")
+    if fault.trigger == "generating":
         url = engine_url(run)
         wait_for(run, lambda: running_requests(url) > 0, deadline, "a request running on the engine")
     elif fault.trigger == "sync":
         held = SYNC_HELD.format(version=after + 1)
         wait_for(run, lambda: held in run.log(), deadline, f"weight sync v{after + 1} held")
+    if fault.target == "external":
+        assert external is not None
+        when = time.monotonic()
+        external.kill9()  # the server and its schedulers, every one gone
+        step = last_step(run)
+        external.start()  # the same port: to the run, the engine it knows with other weights
+        return when, step
     pid = engine_pid(run) if fault.target == "engine" else rank_pid(run)
     if pid is None:
         raise RuntimeError(f"no {fault.target} process to inject into")
@@ -247,41 +275,85 @@ def expected_prompts(data: Path, count: int) -> list[str]:
     return [row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"]) for row in rows[:count]]
 
 
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The value of ``name`` in train flags: the last one given wins, as in the run's own parser."""
+    values = [argv[i + 1] for i, token in enumerate(argv[:-1]) if token == name]
+    return values[-1] if values else None
+
+
+def keep_child_logs(run_dir: Path, into: Path, limit: int = 200_000) -> None:
+    """The tail of every log the run's children wrote (engine, torchrun), beside the run's own."""
+    for path in sorted((run_dir / "logs").glob("*.log")):
+        into.mkdir(parents=True, exist_ok=True)
+        data = path.read_bytes()
+        (into / path.name).write_bytes(data[-limit:])
+
+
 def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_step_s: float | None) -> Row:
     fault, row = FAULTS[name], Row(name, median_step_s=baseline_step_s)
-    run_dir = args.out / "runs" / name
-    dump = run_dir.parent / f"{name}-dump"
-    flags = [flag.replace("{run}", str(run_dir.parent / name)) for flag in fault.flags]
+    runs = args.out / "runs"
+    run_dir, dump, hold_dir = runs / name, runs / f"{name}-dump", runs / f"{name}-hold"
+    for old in (run_dir, dump, hold_dir):  # an earlier attempt's, from another invocation
+        shutil.rmtree(old, ignore_errors=True)
+    flags = [flag.replace("{run}", str(run_dir)) for flag in fault.flags]
     hold = None
     if fault.trigger == "sync":
-        hold = hold_file(run_dir.parent / f"{name}-hold", args.fault_after)
+        hold = hold_file(hold_dir, args.fault_after)
         hold.parent.mkdir(parents=True, exist_ok=True)
         hold.touch()
         flags += ["--debug-hold-weight-sync", str(hold.parent)]
-    argv = [*base, "--train-mode", "sync", "--no-rollout-shuffle", "--num-rollout", str(args.steps),
-            "--save-debug-rollout-data", str(dump), *flags]
-    run = Run(run_dir, argv, {**os.environ})
-    deadline = time.monotonic() + args.timeout
-    fault_at = None
+    started = time.monotonic()
+    own_limit = started + args.timeout <= args.deadline
+    deadline = min(started + args.timeout, args.deadline)
+    run, external, fault_at, cut = None, None, None, ""
+    train = base
     try:
+        if fault.target == "external":
+            train, sglang_flags = split_engine_flags(base)
+            external = ExternalEngine(args.external_engine, flag_value(base, "--hf-checkpoint") or "",
+                                      args.out / f"{name}.engine.log", sglang_flags, args.registry)
+            (args.out / f"{name}.engine.log").unlink(missing_ok=True)
+            external.start()
+            external.wait_ready(deadline)
+            train = [*train, "--engine-type", "external", "--rollout-external-engine-addrs", external.url]
+        argv = [*train, "--train-mode", "sync", "--no-rollout-shuffle", "--num-rollout", str(args.steps),
+                "--save-debug-rollout-data", str(dump), *flags]
+        run = Run(run_dir, argv, {**os.environ}, args.registry)
         if fault.trigger:
-            fault_at, row.injected_at_step = inject(run, fault, args.fault_after, args.stop_seconds, deadline, hold)
+            fault_at, row.injected_at_step = inject(run, fault, args.fault_after, args.stop_seconds, deadline, hold,
+                                                    external)
         while run.alive() and time.monotonic() < deadline:
             run.poll()
             time.sleep(0.2)
+        if run.alive():
+            cut = (f"--timeout {args.timeout:g} s" if own_limit else "--deadline-s") + \
+                f" reached {time.monotonic() - started:.0f} s into the run"
     except RuntimeError as error:
-        row.notes.append(str(error))
+        if time.monotonic() >= deadline:
+            cut = f"{'--timeout' if own_limit else '--deadline-s'} reached: {error}"
+        else:
+            row.notes.append(str(error))
+    except Cut:
+        cut = f"the driver was stopped (SIGTERM) {time.monotonic() - started:.0f} s into the run"
     finally:
-        run.stop()
-        run.poll()
+        if run is not None:
+            run.stop()
+            run.poll()
         if hold is not None:
             hold.unlink(missing_ok=True)
+        if external is not None:
+            external.stop()
+    if cut:
+        row.notes.append(f"cut: {cut}")
+    if run is None:
+        row.outcome = "cut" if cut else "fails"
+        return row
     log = run.log()
     row.exit_code = run.process.returncode
     row.steps_trained = len(run.step_times)
     row.last_line = (log.strip().splitlines() or [""])[-1][:300]
     restarted = "restart 1 of" in log
-    row.outcome = ("fails" if row.exit_code != 0 else
+    row.outcome = ("cut" if cut else "fails" if row.exit_code != 0 else
                    "resumes from its checkpoint" if restarted else "completes")
     times = sorted(run.step_times.items())
     if fault_at is not None:
@@ -293,17 +365,31 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
         first = row.injected_at_step + (2 if fault.trigger == "sync" and fault.target == "engine" else 1)
         after = [t for step, t in times if step >= first and t > fault_at]
         row.recover_s = round(after[0] - fault_at, 2) if after else None
+        if not after and row.exit_code == 0:
+            row.notes.append(f"no recovery to measure: no step from {first} on was trained after the fault")
     elif len(times) > 2:
         row.median_step_s = round(statistics.median(b - a for (_, a), (_, b) in zip(times[1:], times[2:])), 2)
-    batch = int(base[base.index("--rollout-batch-size") + 1]) if "--rollout-batch-size" in base else args.batch_size
+    batch = int(flag_value(base, "--rollout-batch-size") or args.batch_size)
     trained = trained_prompts(dump, args.steps)
     expected = expected_prompts(args.data, args.steps * batch)
     row.prompts_repeated = sum(n - 1 for n in Counter(trained).values() if n > 1)
     row.prompts_lost = len(set(expected) - set(trained)) if row.exit_code == 0 else None
-    if row.exit_code is not None and row.exit_code < 0:
-        row.notes.append(f"killed by signal {-row.exit_code} (deadline)")
+    if row.exit_code is not None and row.exit_code < 0 and not cut:
+        row.notes.append(f"killed by signal {-row.exit_code}")
     (args.out / f"{name}.log").write_text(log[-200_000:])
+    keep_child_logs(run_dir, args.out / "logs" / name)
+    for bulky in BULKY:
+        shutil.rmtree(run_dir / bulky, ignore_errors=True)
     return row
+
+
+def latest(rows: list[Row]) -> list[Row]:
+    """Each fault's last row, in the order the faults first appear: a fault run again (its first
+    attempt cut) shows once, as it went the last time."""
+    last: dict[str, Row] = {}
+    for row in rows:
+        last[row.fault] = row  # a dict keeps a key's first position
+    return list(last.values())
 
 
 def table(rows: list[Row]) -> str:
@@ -317,43 +403,99 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def read_rows(path: Path) -> list[Row]:
+    """The rows earlier invocations appended (a field this version lacks is left out)."""
+    known = set(Row.__dataclass_fields__)
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rows.append(Row(**{k: v for k, v in json.loads(line).items() if k in known}))
+    return rows
+
+
+def _cut(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the stop that follows must not be cut itself
+    raise Cut
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, base = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="rows, table and logs; rows accumulate here")
     parser.add_argument("--faults", default=",".join(name for name, f in FAULTS.items() if not f.gpu_only))
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--fault-after", type=int, default=2, help="inject once this step has trained")
     parser.add_argument("--stop-seconds", type=float, default=60.0, help="sigstop-engine: how long it stays stopped")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take, fault included")
+    parser.add_argument("--deadline-s", type=float, default=0.0,
+                        help="seconds this invocation may take (0: no limit); a run going then is cut, its row says so")
+    parser.add_argument("--min-fault-s", type=float, default=60.0,
+                        help="a fault is not started with fewer seconds than this left before --deadline-s")
+    parser.add_argument("--external-engine", choices=("cpu", "sglang"), default="cpu",
+                        help="restart-external-engine: the server the driver starts (the CPU engine or SGLang, "
+                             "launched with the train flags' --sglang-* flags)")
+    parser.add_argument("--skip-done", action="store_true",
+                        help="leave out faults whose last row in OUT/chaos.jsonl is not cut: the same command, "
+                             "repeated, runs what is left")
     parser.add_argument("--batch-size", type=int, default=32, help="the run's --rollout-batch-size when not in the flags")
     args = parser.parse_args(own)
-    unknown = [name for name in args.faults.split(",") if name not in FAULTS]
+    faults = args.faults.split(",")
+    unknown = [name for name in faults if name not in FAULTS]
     if unknown:
         parser.error(f"--faults: unknown {unknown}; choose from {', '.join(FAULTS)}")
     # The step a fault hits must be followed by one trained once the target is back (recover_s).
-    short = [name for name in args.faults.split(",") if FAULTS[name].trigger
+    short = [name for name in faults if FAULTS[name].trigger
              and args.steps < args.fault_after + (2 if FAULTS[name].trigger == "sync" else 1)]
     if short:
         parser.error(f"--steps {args.steps} leaves no step to train after {', '.join(short)} with --fault-after "
                      f"{args.fault_after}: a sync fault needs --steps of at least --fault-after + 2, others + 1")
     if "--prompt-data" not in base:
         parser.error("the train flags after -- must give --prompt-data (the expected prompts are read from it)")
-    args.data = Path(base[base.index("--prompt-data") + 1])
+    if "restart-external-engine" in faults and flag_value(base, "--hf-checkpoint") is None:
+        parser.error("restart-external-engine: the train flags after -- must give --hf-checkpoint (the model the "
+                     "external engine serves)")
+    args.data = Path(flag_value(base, "--prompt-data") or "")
+    args.deadline = time.monotonic() + args.deadline_s if args.deadline_s > 0 else float("inf")
     args.out.mkdir(parents=True, exist_ok=True)
-    rows: list[Row] = []
-    baseline = None
-    for name in args.faults.split(","):
-        row = run_fault(name, args, base, baseline)
-        if name == "none":
-            baseline = row.median_step_s
-        rows.append(row)
-        with open(args.out / "chaos.jsonl", "a") as handle:
-            handle.write(json.dumps(asdict(row)) + "\n")
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
-    (args.out / "chaos.md").write_text(table(rows) + "\n")
-    print(table(rows))
+    args.registry = args.out / "running.json"
+    for left in reap(args.registry):
+        print(f"ended a process tree an earlier invocation left running: {left}", flush=True)
+    rows = read_rows(args.out / "chaos.jsonl")
+    baseline = next((r.median_step_s for r in reversed(rows) if r.fault == "none"), None)
+    if args.skip_done:
+        done = {r.fault for r in latest(rows) if r.outcome != "cut"}
+        if done & set(faults):
+            print(f"in the table already (--skip-done): {','.join(f for f in faults if f in done)}", flush=True)
+        faults = [f for f in faults if f not in done]
+    signal.signal(signal.SIGTERM, _cut)
+    try:
+        for i, name in enumerate(faults):
+            left = args.deadline - time.monotonic()
+            if left < args.min_fault_s:
+                rest = ",".join(faults[i:])
+                print(f"not started, {left:.0f} s left (--min-fault-s {args.min_fault_s:g}): FAULTS={rest}",
+                      flush=True)
+                break
+            row = run_fault(name, args, base, baseline)
+            if name == "none" and row.outcome == "completes":
+                baseline = row.median_step_s
+            rows.append(row)
+            with open(args.out / "chaos.jsonl", "a") as handle:
+                handle.write(json.dumps(asdict(row)) + "\n")
+            (args.out / "chaos.md").write_text(table(latest(rows)) + "\n")
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+            if any(note.startswith("cut: the driver was stopped") for note in row.notes):
+                return 1
+    except Cut:
+        print("stopped (SIGTERM)", flush=True)
+        for left in reap(args.registry):  # a stop the SIGTERM itself interrupted
+            print(f"ended {left}", flush=True)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    print(table(latest(rows)))
     return 0
 
 

@@ -1,6 +1,7 @@
 """benchmarks/gpu/chaos.py against the CPU engine: the logic the GPU run (benchmarks/gpu/chaos.sh)
 uses, tested before any GPU minute is spent — a real run, a real kill -9 of its engine while a weight
-update holds its requests paused in place, and the table row that says what happened."""
+update holds its requests paused in place, an external engine killed and restarted on its port, a run
+cut at the invocation's deadline, and the table rows that say what happened."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu.chaos import Row, expected_prompts, main, table, trained_prompts
+import psutil
+
+from benchmarks.gpu.chaos import Row, expected_prompts, latest, main, table, trained_prompts
+from benchmarks.gpu.chaos_external import split_engine_flags
 from examples.models.tiny import build_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -35,16 +39,82 @@ def test_the_table_shows_a_failures_last_line_only():
     assert lines[3].endswith("| error: a \\| b |")
 
 
-def test_kill_9_of_the_cpu_engine_paused_in_place_completes_with_no_prompt_lost_or_repeated(tmp_path, capsys):
+@pytest.fixture
+def tiny_run(tmp_path):
+    """(model, data, the train flags of a short CPU run)."""
     model = build_tiny_model(tmp_path / "model", arch="qwen2", seed=5)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "label": str(a + 1)}) + "\n" for a in range(64)))
+    return model, data, ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "2",
+                         "--n-samples-per-prompt", "2", "--rollout-max-response-len", "16", "--rm-type", "exact",
+                         "--engine-type", "cpu", "--micro-batch-size", "4", "--router-health-interval", "0.5",
+                         "--router-health-failures", "1"]
+
+
+def test_the_external_engine_takes_the_owned_engines_sglang_flags_and_the_run_drops_the_rest():
+    train, sglang = split_engine_flags(["--lr", "1e-5", "--engine-type", "sglang", "--rollout-share-trainer-gpus",
+                                        "--sglang-mem-fraction-static", "0.35", "--sglang-disable-cuda-graph",
+                                        "--engine-start-timeout=300", "--rm-type", "exact"])
+    assert train == ["--lr", "1e-5", "--rm-type", "exact"]
+    assert sglang == ["--mem-fraction-static", "0.35", "--disable-cuda-graph"]
+
+
+def test_an_external_cpu_engine_restarted_on_its_port_completes_with_no_prompt_lost_or_repeated(tmp_path, tiny_run):
+    _, _, flags = tiny_run
+    out = tmp_path / "out"
+    assert main(["--out", str(out), "--faults", "restart-external-engine", "--steps", "3", "--fault-after", "1",
+                 "--timeout", "400", "--external-engine", "cpu", "--", *flags]) == 0
+    row = json.loads((out / "chaos.jsonl").read_text())
+    log = (out / "restart-external-engine.log").read_text()
+    assert row["outcome"] == "completes", log[-3000:]
+    assert (row["steps_trained"], row["prompts_lost"], row["prompts_repeated"]) == (3, 0, 0)
+    assert row["recover_s"] > 0 and row["injected_at_step"] == 1
+    assert "engines (external): http://127.0.0.1:" in log  # the driver's engine, not one the run started
+    engine_log = (out / "restart-external-engine.engine.log").read_text()
+    assert engine_log.count("--- start ") == 2  # started, killed, started again (on the same port)
+    assert json.loads((out / "running.json").read_text()) == []  # every tree stopped
+
+
+def test_a_run_still_going_at_the_deadline_is_cut_whole_and_its_row_says_so(tmp_path, tiny_run):
+    _, _, flags = tiny_run
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "chaos.jsonl").write_text(json.dumps({"fault": "sigstop-engine", "outcome": "completes"}) + "\n")
+    assert main(["--out", str(out), "--faults", "none", "--steps", "3", "--deadline-s", "3", "--min-fault-s", "0",
+                 "--", *flags]) == 0
+    rows = [json.loads(line) for line in (out / "chaos.jsonl").read_text().splitlines()]
+    assert [r["fault"] for r in rows] == ["sigstop-engine", "none"]
+    assert rows[1]["outcome"] == "cut" and rows[1]["notes"][0].startswith("cut: --deadline-s reached"), rows[1]
+    assert len((out / "chaos.md").read_text().splitlines()) == 2 + 2  # the earlier call's row is in the table too
+    assert table(latest([Row("none", "cut"), Row("none", "completes")])).splitlines()[2].startswith("| none | completes")
+    assert json.loads((out / "running.json").read_text()) == []
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_fault_is_not_started_with_less_than_min_fault_s_left(tmp_path, capsys):
+    assert main(["--out", str(tmp_path), "--faults", "none,sigstop-engine", "--deadline-s", "1", "--min-fault-s", "60",
+                 "--", "--prompt-data", str(tmp_path / "prompts.jsonl")]) == 0
+    assert "(--min-fault-s 60): FAULTS=none,sigstop-engine" in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "chaos.jsonl").exists()
+
+
+def test_skip_done_leaves_out_the_faults_in_the_table_and_runs_again_the_cut_ones(tmp_path, capsys):
+    (tmp_path / "chaos.jsonl").write_text("".join(json.dumps(row) + "\n" for row in (
+        {"fault": "none", "outcome": "completes"}, {"fault": "sigstop-engine", "outcome": "fails"},
+        {"fault": "kill9-engine-generating", "outcome": "cut"})))
+    assert main(["--out", str(tmp_path), "--faults", "none,kill9-engine-generating,sigstop-engine", "--skip-done",
+                 "--deadline-s", "1", "--min-fault-s", "60", "--", "--prompt-data", str(tmp_path / "p.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "in the table already (--skip-done): none,sigstop-engine" in out
+    assert "FAULTS=kill9-engine-generating" in out
+
+
+def test_kill_9_of_the_cpu_engine_paused_in_place_completes_with_no_prompt_lost_or_repeated(tmp_path, tiny_run):
+    _, _, flags = tiny_run
     out = tmp_path / "out"
     assert main(["--out", str(out), "--faults", "kill9-engine-paused-in-place", "--steps", "3", "--fault-after", "1",
-                 "--timeout", "400", "--", "--hf-checkpoint", str(model), "--prompt-data", str(data),
-                 "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "16",
-                 "--rm-type", "exact", "--engine-type", "cpu", "--micro-batch-size", "4",
-                 "--router-health-interval", "0.5", "--router-health-failures", "1"]) == 0
+                 "--timeout", "400", "--", *flags]) == 0
     row = json.loads((out / "chaos.jsonl").read_text())
     assert row["outcome"] == "completes", (out / "kill9-engine-paused-in-place.log").read_text()[-3000:]
     assert (row["steps_trained"], row["prompts_lost"], row["prompts_repeated"]) == (3, 0, 0)

@@ -71,6 +71,7 @@ def test_the_cli_prints_one_line_without_a_traceback(capsys):
     (["--engine-type", "sglang", "--rollout-num-gpus", "2"], 2, 4, 0),  # too few: the critic shares 0-1
     (["--engine-type", "external", "--rollout-external-engine-addrs", "http://h:1"], 1, 2, 1),
     (["--engine-type", "external", "--rollout-external-engine-addrs", "http://h:1"], 1, 1, 0),  # one GPU
+    (["--engine-type", "sglang", "--rollout-share-trainer-gpus"], 1, 2, 1),  # the engine sits on GPU 0
 ])
 def test_the_critic_takes_the_gpus_after_the_policys_when_the_host_has_them(flags, policy_gpus, gpu_count, first):
     from actors.loop.launch import critic_gpu_offset
