@@ -75,6 +75,19 @@ parts() {  # parts NAME: the run dirs of NAME's parts, in order
   ls -dv $WORK/${1}[0-9]*/ 2>/dev/null | sed 's:/$::'
 }
 
+prune() {  # prune CKPT_DIR: every checkpoint older than the latest (each is ~2 GB: model, fp32 main
+  # weights, Adam's two moments; 30 of them would fill the host's 64 GiB disk). Newer ones are
+  # still being written.
+  local latest step
+  [ -f "$1/latest" ] || return 0
+  latest=$(saved_step "$1")
+  for dir in "$1"/step_*; do
+    step=$(basename "$dir" | sed 's/^step_0*//')
+    [ "${step:-0}" -lt "$latest" ] && rm -rf "$dir"
+  done
+  return 0
+}
+
 part() {  # part NAME STEPS SECONDS FLAGS...: the run NAME, from its latest checkpoint towards step STEPS
   local name=$1 steps=$2 seconds=$3 n target resume=()
   shift 3
@@ -85,10 +98,18 @@ part() {  # part NAME STEPS SECONDS FLAGS...: the run NAME, from its latest chec
     target=$(( $(saved_step $WORK/$name-ckpt) + PART_STEPS ))
     [ $target -le $steps ] || target=$steps
   fi
+  # The run saves every SAVE_INTERVAL steps: older checkpoints go while it trains.
+  (while sleep 15; do prune $WORK/$name-ckpt; done) &
+  local pruner=$!
   train "$name$n" "$seconds" --config $CONFIG --hf-checkpoint $WORK/model --prompt-data $WORK/data/train.jsonl \
     --eval-prompt-data $WORK/data/heldout.jsonl --rollout-external-engine-addrs $URL --eval-interval $EVAL_INTERVAL \
     --num-rollout $target --save $WORK/$name-ckpt --save-interval $SAVE_INTERVAL \
     "${ENGINE_FLAGS[@]}" "${SIZE_FLAGS[@]}" "${resume[@]}" "$@"
+  local code=$?
+  kill $pruner 2>/dev/null
+  wait $pruner 2>/dev/null
+  prune $WORK/$name-ckpt
+  return $code
 }
 
 cpu_engine() {  # cpu_engine MODEL PORT NAME: a CPU engine in its own session; its pid in WORK/NAME.pid
