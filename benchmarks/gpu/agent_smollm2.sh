@@ -27,6 +27,7 @@
 # file and line) is the last thing each phase prints.
 set -uo pipefail
 source benchmarks/gpu/common.sh
+source benchmarks/gpu/smollm2_host.sh
 [ "${1:-}" = cpu ] || export SLIME_ASYNC_CACHE=${SLIME_ASYNC_CACHE:-/tmp/cache}  # the device host's; the cpu phase keeps the local one
 WORK=${WORK:-/tmp/agent}
 URL=http://127.0.0.1:${PORT:-30000}
@@ -61,14 +62,6 @@ train() {  # train NAME SECONDS FLAGS...: one run in the foreground; SIGINT ends
   # 124 / 130: stopped by the timeout's SIGINT (the planned end of a call), not a failure.
   if [ $code -ne 0 ] && [ $code -ne 124 ] && [ $code -ne 130 ]; then FAILED=$WORK/$name.log; fi
   return $code
-}
-
-show_failure() {  # the failed run's last traceback and the CLI's closing `error:` line, last on the console
-  [ -n "$FAILED" ] || return 0
-  echo "=== FAILED: $FAILED"
-  awk '/^Traceback|^error: /{block=""} {block=block $0 "\n"} END{printf "%s", block}' "$FAILED" | tail -40
-  grep -E "^error: " "$FAILED" | tail -1
-  return 1
 }
 
 warm() {  # SFT with a snapshot per step, then pick_start
@@ -117,20 +110,9 @@ grpo() {  # grpo SECONDS FLAGS...: GRPO from the picked warm start, resuming fro
 }
 
 case ${1:?phase: b1, b2, gguf-a, run, pick, grpo or cpu} in
-b1) mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L && nproc ;;
-b2) mkdir -p /tmp/b2 && cp .gpu-wheels/b{2,3,5,6}/*.whl /tmp/b2/ && ls /tmp/b1 | wc -l ;;
-gguf-a) mkdir -p /tmp/gguf && cp .gpu-model/a/* /tmp/gguf/ && ls -la /tmp/gguf ;;
+b1|b2|gguf-a) stage_batch "$1" ;;
 run)
-  python3 -c "import sglang, megatron.core" 2>/dev/null || {
-    [ -d /tmp/b1 ] && [ -d /tmp/b2 ] || { echo "a staged batch is missing: the host went cold"; exit 4; }
-    pipi /tmp/b1/*.whl /tmp/b2/*.whl; }
-  python3 -c "import sglang, megatron.core; print('sglang', sglang.__version__)" || exit 3
-  GGUF=$SLIME_ASYNC_CACHE/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf
-  if [ ! -f $GGUF ]; then
-    [ -d /tmp/gguf ] || { echo "gguf-a is missing: the host went cold"; exit 4; }
-    mkdir -p $(dirname $GGUF) && cat /tmp/gguf/* .gpu-model/b/gguf.part* > $GGUF
-  fi
-  (cd $(dirname $GGUF) && echo "$(cut -d' ' -f1 $OLDPWD/.gpu-model/b/sha256)  $(basename $GGUF)" | sha256sum -c) || exit 5
+  install_smollm2
   MODEL=$(python3 -c "from examples.models.pretrained import hf_checkpoint; print(hf_checkpoint(dtype='bfloat16'))" | tail -1)
   mkdir -p $WORK
   python3 $CI/make_task.py --out $WORK/data --chat-tokenizer "$MODEL" | tail -2 || exit 6

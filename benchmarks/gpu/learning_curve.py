@@ -1,10 +1,13 @@
 """A run's learning curve from its metrics.jsonl: a table per step, and optionally a PNG.
 
     python benchmarks/gpu/learning_curve.py RUN/metrics.jsonl [MORE.jsonl ...] [--last N] [--png curve.png]
+    python benchmarks/gpu/learning_curve.py --resumed PART1/metrics.jsonl PART2/metrics.jsonl ...
 
 The table has one row per evaluation and per training step (wall time since the run's first
 logged metric); the plot shows held-out accuracy (eval reward) and the rollout reward against
 wall time, one colour per run. The first evaluation is the untrained model's (step 0).
+``--resumed``: the files are the parts of ONE run, each resumed (``--load``) from the previous
+one's last checkpoint, in order; ``stitch`` puts them on one clock (see there).
 """
 
 from __future__ import annotations
@@ -23,6 +26,40 @@ COLUMNS = [("rollout/reward_mean", "reward"), ("rollout/response_len_mean", "res
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def is_train_row(row: dict[str, Any]) -> bool:
+    return "perf/step_time" in row
+
+
+def stitch(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One run's rows from the metrics of its parts, each resumed from the previous part's last
+    checkpoint, on the first part's clock with the time between the parts left out.
+
+    A part that resumes at step s (its first training row is step s + 1) replaces every row of
+    the parts before it past step s (steps trained after the last checkpoint were lost with the
+    call that ran them) and its clock continues from the earlier part's training row of step s
+    (the checkpoint was written right after it): the time a part spent starting up before its
+    first row is not counted, as for the first part. Its evaluation of step s is dropped when an
+    earlier part evaluated that step (the same weights).
+    """
+    out: list[dict[str, Any]] = []
+    for rows in parts:
+        if not rows:
+            continue
+        trained = [row["step"] for row in rows if is_train_row(row)]
+        resumed_at = min(trained) - 1 if trained else min(row["step"] for row in rows)
+        begin = min(row["time"] for row in rows)
+        if not out:
+            out = sorted(rows, key=lambda row: row["time"])
+            continue
+        out = [row for row in out if row["step"] <= resumed_at]
+        cuts = [row["time"] for row in out if row["step"] == resumed_at and is_train_row(row)]
+        cut = max(cuts) if cuts else max(row["time"] for row in out)
+        evaluated = {row["step"] for row in out if eval_key(row) is not None}
+        out += [{**row, "time": cut + row["time"] - begin} for row in sorted(rows, key=lambda row: row["time"])
+                if not (row["step"] == resumed_at and row["step"] in evaluated and eval_key(row) is not None)]
+    return sorted(out, key=lambda row: row["time"])
 
 
 def eval_key(row: dict[str, Any]) -> str | None:
@@ -106,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default="SmolLM2-135M-Instruct, fully-async GRPO + TIS")
     parser.add_argument("--columns", nargs="+", default=(), metavar="KEY",
                         help="more metrics to tabulate, e.g. rollout/tool_calls rollout/turns")
+    parser.add_argument("--resumed", action="store_true",
+                        help="the files are the parts of one run, each resumed from the one before (one table)")
     args = parser.parse_args(argv)
     runs = []
+    parts = []
     for path in args.metrics:
         if not path.is_file():
             print(f"error: {path}: no such file", file=sys.stderr)
@@ -116,10 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         if not rows:
             print(f"error: {path}: no metrics logged yet", file=sys.stderr)
             return 1
-        if len(args.metrics) > 1:
+        parts.append((path, rows))
+    if args.resumed:
+        parts = [(args.metrics[0], stitch([rows for _, rows in parts]))]
+    for path, rows in parts:
+        if len(parts) > 1:
             print(f"\n## {path}")
         print(table(rows, args.last, tuple(args.columns)))
-        runs.append((f"run {len(runs) + 1}" if len(args.metrics) > 1 else path.stem, rows))
+        runs.append((f"run {len(runs) + 1}" if len(parts) > 1 else path.stem, rows))
     if args.png:
         plot(runs, args.png, args.title)
         print(f"wrote {args.png}")
