@@ -1,5 +1,6 @@
 """The trainer group trains an MoE model with its experts spread over ranks: EP2 (2 gloo ranks,
-packed micro-batches) and EP2 x expert-TP2 (4 ranks, right-padded), on a batch whose data-parallel
+packed micro-batches), EP2 x expert-TP2 (4 ranks, right-padded) and TP2 x EP2 (4 ranks, sequence
+parallel, packed, the chunked logprob head), on a batch whose data-parallel
 shards cut into DIFFERENT numbers of micro-batches (one rank holds a single long sample, another
 many short ones). Megatron-core dispatches tokens to experts collectively, so the ranks' micro-batches
 are aligned (actors/megatron/mb_align.py); the logprobs before and after one optimizer step
@@ -24,13 +25,17 @@ from worker_fixtures import PPO_KL, env_threads, running_trainer, trainer_config
 
 ARCH = "qwen3_moe"
 MAX_TOKENS = 5  # the micro-batch token budget (samples x longest)
-# One 20-token sample and five 4-token ones: at 2 ranks one rank takes the long sample alone (one
+# One 19-token sample and five 4-token ones: at 2 ranks one rank takes the long sample alone (one
 # micro-batch), the other the five short ones (five: two 4-token samples cost 8 > 5).
-LENGTHS = [20, 4, 4, 4, 4, 4]
+LENGTHS = [19, 4, 4, 4, 4, 4]
 RESPONSE = [8, 2, 1, 2, 3, 2]
 LAYOUTS = {  # name -> (ranks, TrainerConfig overrides)
     "ep2_packed": (2, dict(use_sdpa=True, attention_impl="varlen", megatron=dict(expert_model_parallel_size=2))),
     "ep2_etp2": (4, dict(megatron=dict(expert_model_parallel_size=2, expert_tensor_parallel_size=2))),
+    # Sequence parallel (on for MoE at TP > 1): the 19-token sample's micro-batch is padded to 20, and
+    # the chunked head gathers the sequence itself.
+    "tp2_ep2_packed_chunked": (4, dict(use_sdpa=True, attention_impl="varlen", logprob_impl="chunked",
+                                       megatron=dict(tensor_model_parallel_size=2, expert_model_parallel_size=2))),
 }
 SGD = dict(optimizer="sgd", sgd_momentum=0.0, lr=0.05, weight_decay=0.0, clip_grad=1.0, lr_warmup_iters=0,
            moe_aux_loss_coeff=0.0)
