@@ -15,22 +15,25 @@ from safetensors.torch import load_file
 from conftest import MOE_TINY_CONFIGS, run_torchrun
 
 ARCHS = sorted(MOE_TINY_CONFIGS)
-# launch -> (ranks, layout flags) of tests/trainer/scripts/moe_train_step.py. Expert parallelism takes the data-parallel ranks. Each
-# launch checks parity with transformers, then trains one step; TP2·EP2 (under sequence parallelism,
-# which the bridge turns on for MoE at TP > 1) exports the model as loaded too, EP2·ETP2 (experts
-# split over 2 ranks too) only trains.
+# launch -> (ranks, layout flags) of tests/trainer/scripts/moe_train_step.py. Expert parallelism
+# takes the data-parallel ranks. Each launch checks parity with transformers, then trains one step;
+# TP2·EP2 (under sequence parallelism, which the bridge turns on for MoE at TP > 1) exports the
+# model as loaded too. dense_tp2_sp: a dense model (DENSE) under --sequence-parallel, against its
+# TP1 step in the tp1ep1 launch (the norms' gradients are summed over TP there too).
 LAUNCHES = {
     "tp1ep1": (1, ("--tp=1", "--ep=1")),
     "ep2": (2, ("--tp=1", "--ep=2")),
     "tp2ep2": (4, ("--tp=2", "--ep=2")),
     "ep2etp2": (4, ("--tp=1", "--ep=2", "--etp=2")),
+    "dense_tp2_sp": (2, ("--tp=2", "--ep=1", "--sequence-parallel")),
 }
+DENSE = "qwen3"
 PARITY_LAYOUTS = ("tp1ep1", "ep2", "tp2ep2")
 TRAIN_LAYOUTS = ("ep2", "tp2ep2", "ep2etp2")  # each compared with tp1ep1
 
 
 @pytest.fixture(scope="module")
-def moe_run(tiny_moe_dirs, tmp_path_factory) -> Callable[[str], dict]:
+def moe_run(tiny_moe_dirs, tiny_hf_dirs, tmp_path_factory) -> Callable[[str], dict]:
     """launch name -> its results ("parity", "train", "export" dir), one torchrun launch each."""
     runs: dict[str, dict] = {}
 
@@ -38,7 +41,9 @@ def moe_run(tiny_moe_dirs, tmp_path_factory) -> Callable[[str], dict]:
         if launch not in runs:
             nproc, layout = LAUNCHES[launch]
             root = tmp_path_factory.mktemp(f"moe_{launch}")
-            models = [f"--model={arch}={tiny_moe_dirs[arch]}" for arch in ARCHS]
+            moe = [f"--model={arch}={tiny_moe_dirs[arch]}" for arch in ARCHS]
+            dense = [f"--model={DENSE}={tiny_hf_dirs[DENSE]}"]
+            models = {"tp1ep1": moe + dense, "dense_tp2_sp": dense}.get(launch, moe)
             outputs = [f"--out={root / 'train.json'}", f"--parity-out={root / 'parity.json'}"]
             if launch == "tp2ep2":
                 outputs.append(f"--export-dir={root / 'export'}")
@@ -72,6 +77,13 @@ def test_logprobs_after_one_optimizer_step_equal_the_single_rank_ones_within_1e_
     single, spread = moe_run("tp1ep1")["train"][arch], moe_run(layout)["train"][arch]
     assert single["changed"] and spread["changed"]
     # The step moves the logprobs far more than the tolerance, so equal logprobs mean equal steps.
+    assert _max_diff(single["logprobs"], single["initial_logprobs"]) > 1e-2
+    assert _max_diff(spread["logprobs"], single["logprobs"]) < 1e-5
+
+
+@pytest.mark.timeout(420)
+def test_a_dense_model_under_sequence_parallelism_steps_as_at_tp1_within_1e_5(moe_run):
+    single, spread = moe_run("tp1ep1")["train"][DENSE], moe_run("dense_tp2_sp")["train"][DENSE]
     assert _max_diff(single["logprobs"], single["initial_logprobs"]) > 1e-2
     assert _max_diff(spread["logprobs"], single["logprobs"]) < 1e-5
 
