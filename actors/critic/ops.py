@@ -23,6 +23,7 @@ from megatron.core import dist_checkpointing, parallel_state
 from actors.megatron.bridge import unwrap_model
 from actors.megatron.config import TrainerConfig
 from actors.megatron.rank import MegatronRank, response_tensors
+from actors.megatron.sequence_parallel import whole_sequence
 from policies.value_loss import clipped_value_loss
 from slime_async.batch import Batch
 
@@ -33,16 +34,20 @@ class ValueHead(torch.nn.Linear):
 
     Zero-initialised: every rank builds the same head without sharing an RNG, and the first
     values are exactly 0 (a neutral baseline) instead of noise. It is replicated across TP: the
-    hidden states after the final layernorm are whole on every TP rank.
+    hidden states after the final layernorm are whole on every TP rank (gathered first under
+    sequence parallelism, where each rank holds a slice of the sequence).
     """
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device, sequence_parallel: bool = False):
         super().__init__(hidden_size, 1, bias=True, dtype=dtype, device=device)
+        self.sequence_parallel = sequence_parallel
         with torch.no_grad():
             self.weight.zero_()
             self.bias.zero_()
 
     def forward(self, hidden_states: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None):
+        if self.sequence_parallel:
+            hidden_states = whole_sequence(hidden_states)
         return super().forward(hidden_states), None
 
 
@@ -62,7 +67,8 @@ class CriticOps(MegatronRank):
         # Untied on every pipeline stage, so the stages' embedding gradients are not summed.
         model.share_embeddings_and_output_weights = False
         if model.post_process:  # the last pipeline stage (the only one with PP = 1)
-            model.output_layer = ValueHead(model.config.hidden_size, model.config.params_dtype, self.device)
+            model.output_layer = ValueHead(model.config.hidden_size, model.config.params_dtype, self.device,
+                                           model.config.sequence_parallel)
 
     def _forward_step(self, loss_fn, data_iterator, model: torch.nn.Module):
         mb = next(data_iterator)

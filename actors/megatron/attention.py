@@ -24,10 +24,11 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
+from actors.megatron.norm import TorchNorm, use_torch_norm
 from actors.megatron.varlen import AttentionImpl, flash_runs, flash_varlen, masked_varlen
 
 
@@ -180,24 +181,31 @@ class SDPAttention(MegatronModule):
 
 
 def gpt_layer_spec(qk_layernorm: bool, use_sdpa: bool, attention_impl: AttentionImpl = "auto") -> ModuleSpec:
-    """The local (non-TransformerEngine) GPT layer spec with RMSNorm, SDPA core attention optional
-    (``attention_impl``: how it attends packed sequences)."""
+    """The local (non-TransformerEngine) GPT layer spec with RMSNorm (`TorchNorm`: usable under
+    sequence parallelism), SDPA core attention optional (``attention_impl``: how it attends packed
+    sequences)."""
     spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
+    use_torch_norm(spec)
     if use_sdpa:
         _use_sdpa(spec, attention_impl)
     return spec
 
 
 def gpt_model_spec(config: TransformerConfig, use_sdpa: bool,
-                   attention_impl: AttentionImpl = "auto") -> ModuleSpec | TransformerBlockSubmodules:
-    """The layer spec of a dense model, or for an MoE model (``num_moe_experts``) the block spec
-    of this pipeline stage's layers, dense or MoE after ``moe_layer_freq``."""
+                   attention_impl: AttentionImpl = "auto") -> TransformerBlockSubmodules:
+    """The block spec of this pipeline stage's layers: the dense layer spec, or for an MoE model
+    (``num_moe_experts``) dense or MoE layers after ``moe_layer_freq``; the final norm a `TorchNorm`
+    (megatron-core's block would pick ``WrappedTorchNorm``, which refuses sequence parallelism)."""
     if not config.num_moe_experts:
-        return gpt_layer_spec(config.qk_layernorm, use_sdpa, attention_impl)
+        layer = gpt_layer_spec(config.qk_layernorm, use_sdpa, attention_impl)
+        # What megatron-core's block builds from one layer spec (_get_block_submodules).
+        return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=TorchNorm)
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
-    if use_sdpa:
-        for spec in block.layer_specs:
+    for spec in block.layer_specs:
+        use_torch_norm(spec)
+        if use_sdpa:
             _use_sdpa(spec, attention_impl)
+    block.layer_norm = TorchNorm
     return block
 
 

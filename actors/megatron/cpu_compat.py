@@ -196,6 +196,13 @@ FALLBACKS: tuple[CpuFallback, ...] = (
         "correction, global aux loss) are created on cuda",
     ),
     CpuFallback(
+        "megatron.core.tensor_parallel.layers",
+        "LinearWithGradAccumulationAndAsyncCommunication.backward",
+        ((_CUR_DEV, '"cpu"'),),
+        "under sequence parallelism, a tensor-parallel linear layer's backward allocates the "
+        "reduce-scattered input gradient on cuda",
+    ),
+    CpuFallback(
         "megatron.core.tensor_parallel.mappings",
         "_gather_along_last_dim",
         ((_CUR_DEV, '"cpu"'),),

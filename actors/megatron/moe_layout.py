@@ -2,9 +2,10 @@
 
 Experts are spread over ``--expert-model-parallel-size`` (EP) ranks taken from the data-parallel
 ranks, each expert split over ``--expert-tensor-parallel-size`` (expert TP) ranks; the ranks of a
-dispatch group run aligned micro-batches (actors/megatron/mb_align.py). What megatron-core would
-refuse only inside the ranks, or the trainer cannot run (attention TP with MoE), fails here with
-one line naming the flag, instead of a gloo abort or a hang inside the ranks.
+dispatch group run aligned micro-batches (actors/megatron/mb_align.py). Attention TP with MoE
+runs under sequence parallelism (on by default there, transformer_config_from_hf). What
+megatron-core would refuse only inside the ranks, or the trainer cannot run, fails here with one
+line naming the flag, instead of a gloo abort or a hang inside the ranks.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ def check_moe_layout(transformer: dict[str, Any], hf_checkpoint: str, ranks: int
             raise ValueError(f"--expert-model-parallel-size / --expert-tensor-parallel-size need an MoE model; "
                              f"{hf_checkpoint} has no MoE layers")
         return
-    if tp > 1:
-        raise ValueError(f"--tensor-model-parallel-size {tp} with the MoE model {hf_checkpoint}: megatron-core "
-                         "trains MoE layers under TP only with sequence parallelism, which the local layer spec "
-                         "refuses; spread the experts with --expert-model-parallel-size and "
-                         "--expert-tensor-parallel-size instead")
+    if tp > 1 and transformer.get("sequence_parallel") is False:
+        # The bridge turns sequence parallelism on for MoE at TP > 1 unless a flag said no.
+        raise ValueError(f"--no-sequence-parallel with --tensor-model-parallel-size {tp} and the MoE model "
+                         f"{hf_checkpoint}: megatron-core trains MoE layers under TP only with sequence "
+                         "parallelism (drop the flag: it is on by default there)")
     if experts % ep:
         raise ValueError(f"--expert-model-parallel-size {ep} does not divide the {experts} experts of "
                          f"{hf_checkpoint}")

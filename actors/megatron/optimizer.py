@@ -85,6 +85,10 @@ def check_megatron_options(megatron: dict[str, Any]) -> None:
         raise ValueError(
             f"--lr-decay-style {schedule.lr_decay_style} needs --lr-decay-iters (the optimizer steps to decay "
             "over): without it the LR would fall to --min-lr right after warmup")
+    if sections.transformer.get("sequence_parallel") and sections.transformer.get("tensor_model_parallel_size", 1) < 2:
+        # megatron-core raises this inside every rank's TransformerConfig.
+        raise ValueError("--sequence-parallel needs --tensor-model-parallel-size > 1 (it splits each sequence over "
+                         "the TP ranks)")
     distributed = sections.optimizer.get("use_distributed_optimizer") or sections.ddp.get("use_distributed_optimizer")
     if distributed and sections.ddp.get("overlap_param_gather"):
         raise ValueError("--overlap-param-gather with --use-distributed-optimizer defers the parameter all-gather "

@@ -38,6 +38,7 @@ from actors.megatron.optimizer import (
 from actors.megatron.parallel import init_model_parallel
 from actors.megatron.protocol import RankInfo
 from actors.megatron.routing_replay import RoutingReplay, aux_loss_metrics, moe_layer_indices
+from actors.megatron.sequence_parallel import round_up_shape, sequence_multiple
 from slime_async.batch import Batch
 
 
@@ -237,13 +238,17 @@ class MegatronRank:
 
         ``tensors(batch, device, pad_to=shape)`` builds a micro-batch's inputs (``pack``: packed).
         Under MoE EP / expert-TP the ranks of a dispatch group run as many micro-batches (zero-loss
-        copies fill a short rank's) of equal shapes where the dispatcher needs it; the outputs of
+        copies fill a short rank's) of equal shapes where the dispatcher needs it; under sequence
+        parallelism each input's sequence is padded to a multiple of TP. The outputs of
         ``micro_batches`` alone come back. Each input carries ``loss_scale`` (micro-batches run x
         DP ranks): Megatron's schedule divides a loss by the first and DDP averages over the second.
         """
         count = self.alignment.count(len(micro_batches))
         padded = micro_batches + [zero_loss_copy(micro_batches[0])] * (count - len(micro_batches))
-        shapes = self.alignment.shapes([micro_batch_shape(mb, pack) for mb in padded], count) or [None] * count
+        # Sequence parallelism splits each input's sequence evenly over the TP ranks: pad tokens make it fit.
+        multiple = sequence_multiple(self.model_config)
+        local = [round_up_shape(micro_batch_shape(mb, pack), multiple) for mb in padded]
+        shapes = self.alignment.shapes(local, count) or local
         loss_scale = count * parallel_state.get_data_parallel_world_size()
         inputs = [self._inputs(mb, tensors, shape) for mb, shape in zip(padded, shapes)]
         for mb in inputs:

@@ -33,6 +33,8 @@ from megatron.core import parallel_state
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.router_replay import RouterReplay
 
+from actors.megatron.sequence_parallel import local_rows
+
 NO_REPLAY = -1  # a target row of -1: the router routes this token itself
 
 
@@ -104,6 +106,8 @@ class RoutingReplay:
                 self.probes.append(probe)
         self.topk = model.config.moe_router_topk if self.probes else 0
         self.num_experts = model.config.num_moe_experts or 0
+        # Sequence parallelism: each TP rank's routers see its slice of the tokens.
+        self.sequence_parallel = bool(self.probes) and model.config.sequence_parallel
 
     @property
     def active(self) -> bool:
@@ -160,7 +164,11 @@ class RoutingReplay:
         return rows
 
     def begin(self, targets: torch.Tensor | None, valid: torch.Tensor | None) -> None:
-        """Route the next forward by ``targets`` (None: every router routes itself)."""
+        """Route the next forward by ``targets`` (None: every router routes itself); ``targets`` and
+        ``valid`` cover the micro-batch's tokens, of which each TP rank routes its slice under SP."""
+        if self.sequence_parallel:
+            targets = None if targets is None else local_rows(targets)
+            valid = None if valid is None else local_rows(valid)
         for probe in self.probes:
             ordinal = self.moe_layers.index(probe.layer)
             probe.target = None if targets is None else targets[:, ordinal].contiguous()
@@ -189,6 +197,8 @@ class RoutingReplay:
         for probe in self.probes:
             if probe.counts is not None:
                 counts[probe.layer] += probe.counts
+        if self.sequence_parallel:  # each TP rank counted its slice of the tokens
+            dist.all_reduce(counts, group=parallel_state.get_tensor_model_parallel_group())
         dist.all_reduce(counts, group=parallel_state.get_data_parallel_group())
         dist.all_reduce(counts, group=parallel_state.get_pipeline_model_parallel_group())
         counts = counts.cpu()
@@ -230,6 +240,11 @@ def aux_loss_metrics(num_layers: int, num_moe_layers: int, num_micro_batches: in
     for row, name in enumerate(_TRACKED_LOSSES):
         if name in tracker:
             tracked = tracker[name]["values"].detach().double().to(device)
+            group = tracker[name].get("reduce_group")
+            if group is not None and dist.get_world_size(group) > 1:
+                # Each rank's value covers its own tokens (its slice of the sequence under SP): summed
+                # over the router's reduce group first, as megatron-core's own logging does.
+                dist.all_reduce(tracked, group=group)
             values[row, : tracked.numel()] = tracked[:num_layers]
             values[row, -1] = 1.0
     clear_aux_losses_tracker()

@@ -31,6 +31,8 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
+from actors.megatron.sequence_parallel import whole_sequence
+
 # Elements of one fp32 logits chunk when --log-probs-chunk-size is not set: 2^26 floats are
 # 256 MiB, a few of which (logits, exp, gradient) are alive at once per chunk.
 DEFAULT_CHUNK_ELEMENTS = 1 << 26
@@ -193,18 +195,27 @@ def _hidden_states_passthrough(hidden_states: torch.Tensor, weight: torch.Tensor
     return hidden_states, None
 
 
+def _whole_hidden_states(hidden_states: torch.Tensor, weight: torch.Tensor | None = None,
+                         runtime_gather_output: Any = None) -> tuple[torch.Tensor, None]:
+    # Sequence parallelism: the final norm's output is this rank's slice of the sequence. The head's
+    # hidden-state gradient is all-reduced over TP (copy_to_tensor_model_parallel_region above), so
+    # the gather's backward only keeps this rank's slice of it.
+    return whole_sequence(hidden_states), None
+
+
 def return_hidden_states(model: torch.nn.Module) -> None:
     """Make this (last-stage) GPTModel return its final hidden states ``[B, S, H]`` instead of
     logits: the head is then applied chunk by chunk by ``chunked_vocab_parallel_logprobs``.
 
     Only the output layer's forward is replaced, on this instance: the layer itself (its weight,
     parameter names, TP attributes and sharded-checkpoint layout) stays where it was, so
-    checkpoints, HF export and weight sync see the model they saw before.
+    checkpoints, HF export and weight sync see the model they saw before. Under sequence
+    parallelism the hidden states are gathered over TP first, as the output layer gathers them.
     """
     layer = model.output_layer
     if getattr(layer, "bias", None) is not None:
         raise ValueError("the chunked logprob head supports an output layer without bias only")
-    layer.forward = _hidden_states_passthrough
+    layer.forward = _whole_hidden_states if layer.sequence_parallel else _hidden_states_passthrough
 
 
 def head_weight(model: torch.nn.Module) -> torch.Tensor:

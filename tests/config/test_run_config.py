@@ -120,6 +120,8 @@ def test_megatron_options_this_trainer_would_run_wrongly_fail_at_start():
         parse_run_config([*REQUIRED, "--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2"])
     with pytest.raises(ConfigError, match=r"drop --overlap-param-gather"):
         parse_run_config([*REQUIRED, "--use-distributed-optimizer", "--overlap-param-gather"])
+    with pytest.raises(ConfigError, match=r"--sequence-parallel needs --tensor-model-parallel-size > 1"):
+        parse_run_config([*REQUIRED, "--sequence-parallel"])
 
 
 def test_missing_required_inputs_are_named():

@@ -1,6 +1,6 @@
 """HF <-> Megatron bridge for MoE (Qwen3-MoE, GLM-4.5) on gloo ranks: logit parity with transformers
 at TP1·EP1, EP2 and TP2·EP2, a bit-exact HF -> Megatron -> HF round trip at TP2·EP2, and the same
-logprobs after one optimizer step at TP1·EP1, EP2 and EP2·ETP2."""
+logprobs after one optimizer step at TP1·EP1, EP2, TP2·EP2 (sequence parallel) and EP2·ETP2."""
 
 from __future__ import annotations
 
@@ -15,35 +15,39 @@ from safetensors.torch import load_file
 from conftest import MOE_TINY_CONFIGS, run_torchrun
 
 ARCHS = sorted(MOE_TINY_CONFIGS)
-# launch -> (script, ranks, layout flags). Expert parallelism takes the data-parallel ranks. The
-# TP1·EP1 and EP2 launches check parity, then train one step; TP2·EP2 checks parity and exports
-# (megatron-core trains MoE with TP > 1 only under sequence parallelism, which the local layer
-# spec refuses), EP2·ETP2 (experts split over 2 ranks too) trains.
+# launch -> (ranks, layout flags) of tests/trainer/scripts/moe_train_step.py. Expert parallelism
+# takes the data-parallel ranks. Each launch checks parity with transformers, then trains one step;
+# TP2·EP2 (under sequence parallelism, which the bridge turns on for MoE at TP > 1) exports the
+# model as loaded too. dense_tp2_sp: a dense model (DENSE) under --sequence-parallel, against its
+# TP1 step in the tp1ep1 launch (the norms' gradients are summed over TP there too).
 LAUNCHES = {
-    "tp1ep1": ("moe_train_step.py", 1, ("--tp=1", "--ep=1")),
-    "ep2": ("moe_train_step.py", 2, ("--tp=1", "--ep=2")),
-    "tp2ep2": ("hf_logit_parity.py", 4, ("--tp=2", "--ep=2", "--attention=sdpa")),
-    "ep2etp2": ("moe_train_step.py", 4, ("--tp=1", "--ep=2", "--etp=2")),
+    "tp1ep1": (1, ("--tp=1", "--ep=1")),
+    "ep2": (2, ("--tp=1", "--ep=2")),
+    "tp2ep2": (4, ("--tp=2", "--ep=2")),
+    "ep2etp2": (4, ("--tp=1", "--ep=2", "--etp=2")),
+    "dense_tp2_sp": (2, ("--tp=2", "--ep=1", "--sequence-parallel")),
 }
+DENSE = "qwen3"
 PARITY_LAYOUTS = ("tp1ep1", "ep2", "tp2ep2")
-TRAIN_LAYOUTS = ("ep2", "ep2etp2")  # each compared with tp1ep1
+TRAIN_LAYOUTS = ("ep2", "tp2ep2", "ep2etp2")  # each compared with tp1ep1
 
 
 @pytest.fixture(scope="module")
-def moe_run(tiny_moe_dirs, tmp_path_factory) -> Callable[[str], dict]:
+def moe_run(tiny_moe_dirs, tiny_hf_dirs, tmp_path_factory) -> Callable[[str], dict]:
     """launch name -> its results ("parity", "train", "export" dir), one torchrun launch each."""
     runs: dict[str, dict] = {}
 
     def run(launch: str) -> dict:
         if launch not in runs:
-            script, nproc, layout = LAUNCHES[launch]
+            nproc, layout = LAUNCHES[launch]
             root = tmp_path_factory.mktemp(f"moe_{launch}")
-            models = [f"--model={arch}={tiny_moe_dirs[arch]}" for arch in ARCHS]
-            if script == "hf_logit_parity.py":
-                outputs = [f"--out={root / 'parity.json'}", f"--export-dir={root / 'export'}"]
-            else:
-                outputs = [f"--out={root / 'train.json'}", f"--parity-out={root / 'parity.json'}"]
-            run_torchrun(script, nproc, *models, *layout, *outputs, timeout=400)
+            moe = [f"--model={arch}={tiny_moe_dirs[arch]}" for arch in ARCHS]
+            dense = [f"--model={DENSE}={tiny_hf_dirs[DENSE]}"]
+            models = {"tp1ep1": moe + dense, "dense_tp2_sp": dense}.get(launch, moe)
+            outputs = [f"--out={root / 'train.json'}", f"--parity-out={root / 'parity.json'}"]
+            if launch == "tp2ep2":
+                outputs.append(f"--export-dir={root / 'export'}")
+            run_torchrun("moe_train_step.py", nproc, *models, *layout, *outputs, timeout=400)
             runs[launch] = {name: json.loads((root / f"{name}.json").read_text())
                             for name in ("parity", "train") if (root / f"{name}.json").exists()}
             runs[launch]["export"] = root / "export"
@@ -73,6 +77,13 @@ def test_logprobs_after_one_optimizer_step_equal_the_single_rank_ones_within_1e_
     single, spread = moe_run("tp1ep1")["train"][arch], moe_run(layout)["train"][arch]
     assert single["changed"] and spread["changed"]
     # The step moves the logprobs far more than the tolerance, so equal logprobs mean equal steps.
+    assert _max_diff(single["logprobs"], single["initial_logprobs"]) > 1e-2
+    assert _max_diff(spread["logprobs"], single["logprobs"]) < 1e-5
+
+
+@pytest.mark.timeout(420)
+def test_a_dense_model_under_sequence_parallelism_steps_as_at_tp1_within_1e_5(moe_run):
+    single, spread = moe_run("tp1ep1")["train"][DENSE], moe_run("dense_tp2_sp")["train"][DENSE]
     assert _max_diff(single["logprobs"], single["initial_logprobs"]) > 1e-2
     assert _max_diff(spread["logprobs"], single["logprobs"]) < 1e-5
 

@@ -129,9 +129,9 @@ def _hf_dir(tmp_path, model_type: str, **fields):
 
 
 LAYOUT_REFUSED = {
-    "tp_with_moe": (("qwen3_moe", {}), dict(tensor_model_parallel_size=2), 4,
-                    r"^--tensor-model-parallel-size 2 with the MoE model .* sequence parallelism.*"
-                    "--expert-model-parallel-size"),
+    "tp_with_moe_without_sp": (("qwen3_moe", {}), dict(tensor_model_parallel_size=2, sequence_parallel=False), 4,
+                               r"^--no-sequence-parallel with --tensor-model-parallel-size 2 and the MoE model .* "
+                               "megatron-core trains MoE layers under TP only with sequence parallelism"),
     "grouped_gemm": (("qwen3_moe", {}), dict(moe_grouped_gemm=True), 1, "^--moe-grouped-gemm is not supported"),
     "ep_on_dense": (("qwen3", {}), dict(expert_model_parallel_size=2), 2,
                     "need an MoE model; .* has no MoE layers"),
@@ -173,6 +173,15 @@ def test_the_trainer_config_refuses_an_moe_layout_at_validate_and_takes_expert_p
         config.validate()
     config.megatron = dict(expert_model_parallel_size=2, expert_tensor_parallel_size=2)
     config.validate()  # EP2 x expert-TP2 over 4 ranks
+    config.megatron = dict(tensor_model_parallel_size=2, expert_model_parallel_size=2)
+    config.validate()  # TP2 x EP2 over 4 ranks (sequence parallel)
+
+
+def test_moe_at_tp2_turns_sequence_parallelism_on_unless_a_flag_chose():
+    moe = _config("qwen3_moe", num_hidden_layers=2)
+    assert transformer_config_from_hf(moe, tensor_model_parallel_size=2).sequence_parallel
+    assert not transformer_config_from_hf(moe, tensor_model_parallel_size=1).sequence_parallel
+    assert not transformer_config_from_hf(moe, tensor_model_parallel_size=2, sequence_parallel=False).sequence_parallel
 
 
 # --------------------------------------------------------------------------------------------

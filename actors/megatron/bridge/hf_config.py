@@ -226,6 +226,11 @@ def transformer_config_from_hf(hf_config: Any, **overrides: Any) -> TransformerC
             fields["expert_model_parallel_size"] = parallel_state.get_expert_model_parallel_world_size()
             fields["expert_tensor_parallel_size"] = parallel_state.get_expert_tensor_parallel_world_size()
     fields.update(overrides)
+    if (fields.get("num_moe_experts") and fields.get("tensor_model_parallel_size", 1) > 1
+            and "sequence_parallel" not in overrides):
+        # megatron-core trains MoE layers under TP only with sequence parallelism (MoELayer.forward);
+        # an explicit --no-sequence-parallel is refused at start (moe_layout.check_moe_layout).
+        fields["sequence_parallel"] = True
     if fields.get("pipeline_model_parallel_size", 1) > 1 and "variable_seq_lengths" not in overrides:
         # Micro-batches are padded to their own length (and hold as many samples as fit), so
         # the stages exchange each activation's shape before the activation itself.

@@ -1,15 +1,17 @@
 """torchrun script: one optimizer step of an MoE model at a (TP, EP) layout, then its logprobs.
 
 For every ``--model NAME=DIR``: load the HF checkpoint at --tp / --ep / --etp (experts over the
-data-parallel ranks, each split over --etp ranks; megatron-core trains MoE layers with TP > 1
-only under sequence parallelism, which the local layer spec refuses), run one forward-backward on a fixed global batch (each data-parallel rank takes its
-share) and one SGD step, then score a fixed batch. Rank 0 writes
+data-parallel ranks, each split over --etp ranks; at TP > 1 megatron-core trains MoE layers under
+sequence parallelism, which the bridge turns on), run one forward-backward on a fixed global batch
+(each data-parallel rank takes its share; the loss is the trainer's vocab-parallel logprobs, which
+leave TP's vocab padding out) and one SGD step, then score a fixed batch. Rank 0 writes
 {"NAME": {"loss", "logprobs" and "initial_logprobs" ([[...], ...]), "changed"}} to --out, so layouts can
 be compared token by token. SGD, not Adam: Adam's first step is ~lr * sign(grad), which turns
 rounding-level gradient differences on near-zero gradients into lr-sized weight differences.
 The aux loss is off: it is a statistic of each rank's own tokens, so it differs by layout.
 With --parity-out, hf_logit_parity.py's comparison with transformers runs first in the same
-launch (one megatron-core start fewer).
+launch (one megatron-core start fewer), and with --export-dir each model is exported as loaded.
+``--sequence-parallel`` turns it on for a dense model too.
 """
 
 import argparse
@@ -25,9 +27,11 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from actors.megatron.model import build_gpt_model
 from actors.megatron.parallel import init_model_parallel
+from actors.trainer.logprobs import vocab_parallel_logprobs
 from hf_logit_parity import gather_vocab_parallel, parity_results
 
-SEQ, BATCH = 16, 4
+SEQ, BATCH = 17, 4  # 16 input tokens: a multiple of TP, which sequence parallelism splits
+LR = 0.2  # SGD: moves the logprobs by ~5 (0.5 moved them by ~6 and amplified fp32 rounding to 1e-5 at TP2)
 
 
 def loss_func(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
@@ -38,8 +42,12 @@ def loss_func(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
 
 def forward_step(data_iterator, model):
     batch = next(data_iterator)
-    output = model(batch["tokens"], batch["positions"], attention_mask=None, labels=batch["labels"])
-    return output, partial(loss_func, batch["loss_mask"])
+    logits = model(batch["tokens"], batch["positions"], attention_mask=None)
+    # The trainer's logprobs, not megatron-core's cross-entropy over the labels: at TP > 1 the vocab
+    # is padded to a multiple of TP, and only these leave the pad rows out of the softmax.
+    logprobs, _ = vocab_parallel_logprobs(logits, batch["labels"], hf_vocab_size=model.module.hf_vocab_size,
+                                          with_entropy=False)
+    return -logprobs, partial(loss_func, batch["loss_mask"])
 
 
 def batch_of(tokens: torch.Tensor) -> dict:
@@ -48,12 +56,12 @@ def batch_of(tokens: torch.Tensor) -> dict:
             "positions": torch.arange(SEQ - 1).unsqueeze(0).expand(rows, SEQ - 1)}
 
 
-def step_then_score(hf_dir: str) -> dict:
-    model = build_gpt_model(hf_dir, {"moe_aux_loss_coeff": 0.0}, load_weights=True)
+def step_then_score(hf_dir: str, overrides: dict) -> dict:
+    model = build_gpt_model(hf_dir, {"moe_aux_loss_coeff": 0.0, **overrides}, load_weights=True)
     model = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False))
     model.config.finalize_model_grads_func = finalize_model_grads
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="sgd", lr=0.5, sgd_momentum=0.0, weight_decay=0.0,
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="sgd", lr=LR, sgd_momentum=0.0, weight_decay=0.0,
                                                        clip_grad=0.0), [model])
     before = [p.detach().clone() for p in model.parameters()]
     tokens = torch.randint(0, 120, (BATCH, SEQ), generator=torch.Generator().manual_seed(7))
@@ -90,18 +98,20 @@ def main() -> None:
     parser.add_argument("--etp", type=int, help="expert tensor-parallel size (default: --tp)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--parity-out")
+    parser.add_argument("--export-dir", help="with --parity-out: export each model as loaded (HF -> Megatron -> HF)")
+    parser.add_argument("--sequence-parallel", action="store_true", help="for a dense model (on for MoE at TP > 1)")
     args = parser.parse_args()
     init_model_parallel(tensor_parallel_size=args.tp, expert_parallel_size=args.ep,
                         expert_tensor_parallel_size=args.etp)
     if args.parity_out:
-        parity = parity_results(args.model, ("sdpa",), None)
+        parity = parity_results(args.model, ("sdpa",), args.export_dir)
         if dist.get_rank() == 0:
             with open(args.parity_out, "w") as f:
                 json.dump(parity, f)
     results = {}
     for spec in args.model:
         name, hf_dir = spec.split("=", 1)
-        results[name] = step_then_score(hf_dir)
+        results[name] = step_then_score(hf_dir, {"sequence_parallel": True} if args.sequence_parallel else {})
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(results, f)
