@@ -45,12 +45,13 @@ def one_step(student, name: str, *extra: str) -> dict:
 def test_a_megatron_teacher_equal_to_the_student_adds_nothing_at_rollout_temperature_0_7(student):
     step = one_step(student, "megatron", "--rollout-temperature", "0.7",
                     "--opd-type", "megatron", "--opd-teacher-load", str(student["model"]))
-    assert abs(step["train/opd_reverse_kl"]) < 1e-6
+    assert abs(step["train/opd_reverse_kl"]) < 1e-6  # measured: exactly 0 (one forward code, one weights)
     assert step["train/grad_norm"] < 1e-6
 
 
 def test_an_engine_teacher_equal_to_the_student_adds_nothing(student):
     step = one_step(student, "engine", "--rollout-temperature", "1.0",
                     "--opd-type", "sglang", "--opd-teacher-hf-checkpoint", str(student["model"]))
-    assert abs(step["train/opd_reverse_kl"]) < 1e-4
-    assert step["train/grad_norm"] < 1e-3
+    # float error only (measured 7e-9 and 4e-7; a teacher at the wrong temperature gives ~1e-2 and ~0.2)
+    assert abs(step["train/opd_reverse_kl"]) < 1e-6
+    assert step["train/grad_norm"] < 1e-4
