@@ -13,6 +13,11 @@ recomputed by the trainer before the update (π_old), not the engine's rollout l
 
 Unlike slime we zero the term on tokens the model did not generate (loss_mask 0: tool output,
 user turns of a multi-turn sample), so neither the advantages nor the logged KL see them.
+
+Both log-probabilities are at one temperature, the student's (``teacher_temperature``), as in
+slime: its Megatron teacher goes through the student's logprob function, which divides the logits
+by --rollout-temperature, and its SGLang teacher is asked for that temperature (slime#2325 makes it
+take effect; SGLang 0.5.17 ignores it for the given tokens, see ENGINE_TEACHER_TEMPERATURE).
 """
 
 from __future__ import annotations
@@ -20,6 +25,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+# SGLang 0.5.17 scores given tokens (/generate's input_token_logprobs) with the log-softmax of the
+# raw logits whatever sampling_params.temperature says (its logits processor normalises input
+# logprobs "w/o temperature"; slime#2319 measured it): an engine teacher answers at temperature 1.
+ENGINE_TEACHER_TEMPERATURE = 1.0
+
+
+def teacher_temperature(student_temperature: float) -> float:
+    """The temperature of the teacher's logprobs in the OPD term: the student's.
+
+    The student's logprobs (π_old, or μ) are of its sampling distribution p_T (logits / T, T
+    the rollout's logprob temperature), which drew the tokens. Scored at the same T, the k1 term
+    log p_T(y) − log q_T(y) estimates KL(p_T || q_T) without bias: 0 where the student is the
+    teacher, smallest only there. A teacher at temperature 1 instead would pull p_T towards q_1,
+    leaving the student's own distribution the teacher's at temperature 1/T (flatter for T < 1),
+    with a "reverse KL" that is not 0 even for a student equal to its teacher.
+    """
+    return student_temperature
 
 
 def opd_reverse_kl(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,

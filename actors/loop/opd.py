@@ -15,26 +15,23 @@ from collections.abc import Sequence
 import torch
 
 from policies.algorithm import AlgorithmConfig
-from policies.opd import apply_opd, opd_metrics
+from policies.opd import apply_opd, opd_metrics, teacher_temperature
 from policies.requirements import needs_trainer_teacher
 from slime_async.actor import ActorRef
 from slime_async.batch import batch_from_samples
 from slime_async.sample import Sample
 
-# The teacher's distribution is the model's own (temperature 1), whatever the rollout sampled at;
-# an engine teacher scores at temperature 1 too (actors/rollout/teacher.py).
-TEACHER_TEMPERATURE = 1.0
-
 
 async def trainer_teacher_logprobs(trainer: ActorRef | None, groups: Sequence[Sequence[Sample]],
-                                   spec: AlgorithmConfig) -> list[list[float]] | None:
+                                   spec: AlgorithmConfig, temperature: float) -> list[list[float]] | None:
     """The frozen Megatron teacher's logprobs of every response token (--opd-type megatron), in
-    sample order; None for any other placement."""
+    sample order, at the temperature of the student's (``temperature``, the rollout's logprob
+    temperature; policies.opd.teacher_temperature); None for any other placement."""
     if trainer is None or not needs_trainer_teacher(spec):
         return None
     samples = [sample for group in groups for sample in group]
-    rows = await trainer.ask("compute_logprobs", batch_from_samples(samples, temperature=TEACHER_TEMPERATURE),
-                             model="teacher", timeout=None)
+    batch = batch_from_samples(samples, temperature=teacher_temperature(temperature))
+    rows = await trainer.ask("compute_logprobs", batch, model="teacher", timeout=None)
     return [list(row.logprobs) for row in rows]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from policies.opd import ENGINE_TEACHER_TEMPERATURE, teacher_temperature
 from slime_async.config.tokenizer_match import require_same_tokenizer
 
 if TYPE_CHECKING:
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 
 def check_opd(config: RunConfig) -> None:
-    """Raise ValueError (one line, naming the flag) for a teacher that does not fit --opd-type."""
+    """Raise ValueError (one line, naming the flag) for a teacher that does not fit --opd-type, or
+    an engine teacher at a rollout temperature it cannot score at (policies/opd.py)."""
     spec, engine, trainer = config.algorithm, config.engine, config.trainer
     engine_teacher = engine.opd_teacher_hf_checkpoint or engine.opd_teacher_url
     if not spec.use_opd:
@@ -48,6 +50,11 @@ def check_opd(config: RunConfig) -> None:
     if engine.opd_teacher_hf_checkpoint and config.train.colocate:
         raise ValueError("--opd-teacher-hf-checkpoint with --colocate: the teacher engine has no device of its own "
                          "to release (not supported); give --opd-teacher-url")
+    if teacher_temperature(config.rollout.logprob_temperature) != ENGINE_TEACHER_TEMPERATURE:
+        raise ValueError(f"--opd-type sglang with --rollout-temperature {config.rollout.rollout_temperature}: OPD "
+                         "compares student and teacher at the rollout temperature, and an engine teacher scores at "
+                         "1 only (SGLang 0.5.17 ignores the request's temperature there); use --opd-type megatron, "
+                         "or --rollout-temperature 1")
 
 
 def preflight_opd(config: RunConfig) -> None:

@@ -22,13 +22,13 @@ async def replay_loop(config: RunConfig, *, trainer: ActorRef, monitor: ActorRef
         # Each dumped batch was trained at version step - 1 (one weight sync per step).
         temperature = config.rollout.logprob_temperature
         ref_logprobs, old_logprobs = await advantage_logprobs(trainer, groups, config.algorithm, temperature)
+        teacher_logprobs = await trainer_teacher_logprobs(trainer, groups, config.algorithm, temperature)
         # The dump holds the samples as generated: the off-policy mask is recomputed as the run did.
         batch, metrics = build_train_batch(groups, config.algorithm, train_version=step - 1, temperature=temperature,
                                            max_staleness=config.buffer.max_staleness,
                                            mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout,
                                            ref_logprobs=ref_logprobs, old_logprobs=old_logprobs,
-                                           teacher_logprobs=await trainer_teacher_logprobs(trainer, groups,
-                                                                                            config.algorithm))
+                                           teacher_logprobs=teacher_logprobs)
         train_metrics = await trainer.ask("train_step", batch, config.algorithm,
                                           max_response_len=config.rollout.rollout_max_response_len, timeout=None)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})

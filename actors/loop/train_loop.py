@@ -82,7 +82,7 @@ async def train_loop(config: RunConfig, h: Handles) -> int:
             if h.trainer is not None:
                 ref_logprobs, old_logprobs = await advantage_logprobs(h.trainer, groups, spec, temperature)
             values = await critic_values(h.trainer, groups, temperature) if h.trainer and uses_critic(spec) else None
-            teacher = await trainer_teacher_logprobs(h.trainer, groups, spec)  # --opd-type megatron
+            teacher = await trainer_teacher_logprobs(h.trainer, groups, spec, temperature)  # --opd-type megatron
             batch, metrics = build_train_batch(
                 groups, spec, train_version=version, temperature=temperature, max_staleness=config.buffer.max_staleness,
                 mask_offpolicy=config.buffer.mask_offpolicy_in_partial_rollout, ref_logprobs=ref_logprobs,

@@ -18,14 +18,16 @@ import logging
 import time
 from dataclasses import dataclass
 
-from policies.opd import teacher_response_logprobs
+from policies.opd import ENGINE_TEACHER_TEMPERATURE, teacher_response_logprobs
 from slime_async.engine_client import EngineClient, EngineError
 from slime_async.sample import Sample
 
 log = logging.getLogger(__name__)
 
-# The teacher's own distribution (see actors/loop/opd.py): scored at temperature 1.
-SCORING_PARAMS = {"temperature": 1.0, "max_new_tokens": 0}
+# SGLang scores given tokens at temperature 1 whatever this says (policies/opd.py); it is said
+# anyway so that a server which did scale by it answers the same. Runs whose student is at
+# another temperature are refused at start (actors/loop/opd_config.py).
+SCORING_PARAMS = {"temperature": ENGINE_TEACHER_TEMPERATURE, "max_new_tokens": 0}
 
 
 @dataclass

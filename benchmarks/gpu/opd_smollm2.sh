@@ -8,7 +8,9 @@
 # example), the teacher frozen in the trainer rank (--opd-type megatron --opd-teacher-load
 # TEACHER_HF): no second engine to start, feed or hold memory for; its forward pass is one more
 # logprob pass per step. OPD_TYPE=sglang instead starts a second SGLang server for the teacher
-# (--opd-teacher-url; scoring overlaps generation, at the cost of that server's start). Held-out
+# (--opd-teacher-url; scoring overlaps generation, at the cost of that server's start), but that run
+# is refused at start at gpu.toml's and cpu.toml's rollout temperature 0.7: OPD compares student and
+# teacher at the rollout temperature and an engine teacher scores at 1 only (docs/training.md). Held-out
 # greedy accuracy on the 256 held-out problems every EVAL_INTERVAL steps in both runs; the table
 # (benchmarks/gpu/opd_table.py, printed at the end of every phase) gives the steps and minutes each
 # run needs to reach 90% of the teacher's held-out accuracy.
@@ -42,7 +44,7 @@ TEACHER_STEPS=${TEACHER_STEPS:-150}  # smollm2_grpo.sh's run
 OPD_STEPS=${OPD_STEPS:-150}          # a ceiling: the table needs only the step where 90% is reached
 SAVE_INTERVAL=${SAVE_INTERVAL:-10}   # both runs, so both pay the same checkpoint time
 EVAL_INTERVAL=${EVAL_INTERVAL:-5}    # both runs (gpu.toml's 10 would place 90% only to 10 steps)
-OPD_TYPE=${OPD_TYPE:-megatron}       # or sglang
+OPD_TYPE=${OPD_TYPE:-megatron}       # or sglang (only with a rollout temperature of 1)
 OPD_KL_COEF=${OPD_KL_COEF:-1}
 RUN_UNTIL_S=${RUN_UNTIL_S:-550}      # a part gets SIGINT here; the device call's limit is 600
 MIN_PART_S=${MIN_PART_S:-100}        # no part starts with less left: start-up, a step and a save

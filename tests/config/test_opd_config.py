@@ -83,3 +83,27 @@ def test_pure_distillation_needs_no_label(files):
                                    str(files["teacher"]), "--rm-type", "none"))
     assert config.rollout.rm_type == "none"
     preflight(config)
+
+
+def test_an_engine_teacher_at_another_rollout_temperature_is_refused_at_start(files, capsys):
+    # OPD compares student and teacher at the rollout temperature; an engine teacher (SGLang 0.5.17)
+    # scores the given tokens at temperature 1 only (policies/opd.py).
+    run_dir = files["root"] / "run-temperature"
+    code = COMMANDS["train"][0](argv(files, "--use-opd", "--opd-type", "sglang", "--opd-teacher-hf-checkpoint",
+                                     str(files["student"]), "--rollout-temperature", "0.7", "--run-dir", str(run_dir)))
+    assert code == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "--opd-type sglang with --rollout-temperature 0.7" in lines[0], err
+    assert "--opd-type megatron" in lines[0]
+    assert out == "" and not run_dir.exists()
+
+
+@pytest.mark.parametrize("opd, temperature", [
+    (["--opd-type", "sglang", "--opd-teacher-url", "http://127.0.0.1:1"], "1.0"),
+    (["--opd-type", "sglang", "--opd-teacher-url", "http://127.0.0.1:1"], "0"),  # greedy: logprobs at 1
+    (["--opd-type", "megatron", "--opd-teacher-load", "t"], "0.7"),  # the trainer forwards it at 0.7
+])
+def test_a_teacher_that_can_score_at_the_rollout_temperature_is_accepted(files, opd, temperature):
+    config = parse_run_config(argv(files, "--use-opd", *opd, "--rollout-temperature", temperature))
+    assert config.algorithm.opd_type == opd[1]

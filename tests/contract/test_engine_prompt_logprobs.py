@@ -29,9 +29,10 @@ def forward_logprobs(hf_model, ids: list[int]) -> list[float]:
     return logprobs.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1).tolist()
 
 
-async def score(client: EngineClient, ids: list[int], start: int | None, max_new_tokens: int = 0) -> dict:
-    return await client.generate(ids, {"temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
-                                 logprob_start_len=start)
+async def score(client: EngineClient, ids: list[int], start: int | None, max_new_tokens: int = 0,
+                temperature: float = 1.0) -> dict:
+    return await client.generate(ids, {"temperature": temperature, "max_new_tokens": max_new_tokens,
+                                       "ignore_eos": True}, logprob_start_len=start)
 
 
 async def test_scoring_from_zero_gives_every_input_token_the_first_null(client, hf_model, engine_under_test):
@@ -46,6 +47,17 @@ async def test_scoring_from_zero_gives_every_input_token_the_first_null(client, 
     assert answer["meta_info"]["completion_tokens"] == 0
     assert answer["meta_info"]["finish_reason"]["type"] == "length"
     assert answer["meta_info"]["output_token_logprobs"] == []
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+async def test_the_sampling_temperature_does_not_scale_input_token_logprobs(client, hf_model, engine_under_test,
+                                                                            temperature):
+    # SGLang 0.5.17 normalises input logprobs "w/o temperature, top-p" (its logits processor; the
+    # temperature scaling there is gated by a flag /generate never sets): log_softmax of the raw
+    # logits, whatever sampling_params say. An OPD teacher engine therefore scores at temperature 1.
+    answer = await score(client, PROMPT, 0, temperature=temperature)
+    values = [entry[0] for entry in answer["meta_info"]["input_token_logprobs"][1:]]
+    assert values == pytest.approx(forward_logprobs(hf_model, PROMPT), abs=engine_under_test.logprob_atol)
 
 
 async def test_a_later_start_returns_the_tail_its_first_logprob_null(client, hf_model, engine_under_test):

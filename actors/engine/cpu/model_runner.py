@@ -14,6 +14,9 @@ and sampling_params.py): the reported logprob of a sampled token is
 over the full vocabulary, i.e. before top-k / top-p truncation and renormalisation.
 SGLang turns temperature < 1e-6 into greedy decoding by setting temperature = 1 and
 top_k = 1, so at temperature 0 the logprob is log_softmax(logits)[argmax].
+A given (input) token's logprob, SGLang's ``input_token_logprobs``, is log_softmax(logits)[token]
+whatever the request's temperature: SGLang's logits processor normalises input logprobs "w/o
+temperature, top-p" (the scaling there is gated by a flag /generate never sets).
 """
 
 from __future__ import annotations
@@ -223,10 +226,10 @@ class ModelRunner:
         return tokens, logprobs, tops
 
     @staticmethod
-    def token_logprobs(logits: torch.Tensor, targets: list[int], temperature: float) -> list[float]:
-        """Logprob of each given token under the row before it (prompt scoring), with the same
-        convention as a sampled token's: log_softmax(logits / temperature), temperature 1 when
-        greedy."""
+    def token_logprobs(logits: torch.Tensor, targets: list[int], temperature: float = 1.0) -> list[float]:
+        """Logprob of each given token under the row before it: log_softmax(logits / temperature),
+        temperature 1 when greedy (a sampled token's convention). Prompt scoring (SGLang's
+        ``input_token_logprobs``) uses temperature 1 whatever the request's (module docstring)."""
         if not targets:
             return []
         temperature = 1.0 if temperature < GREEDY_EPS else temperature

@@ -514,8 +514,8 @@ class Scheduler:
             # logits[j] is position cached + j and predicts the token after it.
             first = start - cached
             targets = request.input_ids[start + 1:]
-            scored = self.runner.token_logprobs(logits[first:first + len(targets)], targets,
-                                                request.params.temperature)
+            # At temperature 1 whatever the request's, as SGLang's input logprobs (model_runner.py).
+            scored = self.runner.token_logprobs(logits[first:first + len(targets)], targets)
             request.input_logprobs = [None, *scored]
             logits = logits[-1]
         if not request.version_marks and self.weight_version is not None:

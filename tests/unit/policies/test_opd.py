@@ -1,9 +1,11 @@
 """On-policy distillation objective against hand-computed values."""
 
+import math
+
 import pytest
 import torch
 
-from policies.opd import apply_opd, opd_metrics, opd_reverse_kl, teacher_response_logprobs
+from policies.opd import apply_opd, opd_metrics, opd_reverse_kl, teacher_response_logprobs, teacher_temperature
 
 # student log π = [-1.0, -0.5, -2.0], teacher = [-1.5, -0.5, -1.0]
 # reverse_kl = student − teacher = [0.5, 0.0, -1.0]
@@ -68,3 +70,18 @@ def test_metrics_mean_over_scored_model_tokens_and_scored_fraction():
     m = opd_metrics(torch.tensor([0.5, 0.0, -1.0, 2.0]), torch.tensor([1, 1, 1, 0]), torch.tensor([1, 1, 0, 1]))
     assert m["train/opd_reverse_kl"] == pytest.approx(0.25)
     assert m["train/opd_scored_fraction"] == pytest.approx(2 / 3)
+
+
+def test_the_teacher_scores_at_the_students_temperature_so_a_student_equal_to_it_adds_nothing():
+    # One position, logits z = [0, ln 3], the sampled token 1, rollout temperature 0.5:
+    #   at 1:   softmax(z)     = [1/4, 3/4]   -> log p = ln 0.75
+    #   at 0.5: softmax(2z)    = [1/10, 9/10] -> log p = ln 0.9
+    # The student's logprob is at 0.5 (the trainer's, as the sampler's). A teacher with the very same
+    # logits scored at temperature 1 would leave ln 0.9 − ln 0.75 = ln 1.2 ≈ 0.1823 of "reverse KL".
+    logits, token, rollout_temperature = torch.tensor([0.0, math.log(3.0)]), 1, 0.5
+    student = torch.log_softmax(logits / rollout_temperature, -1)[token:token + 1]
+    teacher = torch.log_softmax(logits / teacher_temperature(rollout_temperature), -1)[token:token + 1]
+    close(student, [math.log(0.9)])
+    close(opd_reverse_kl(student, teacher, torch.tensor([1])), [0.0])
+    at_one = torch.log_softmax(logits, -1)[token:token + 1]
+    close(opd_reverse_kl(student, at_one, torch.tensor([1])), [math.log(1.2)])
