@@ -344,8 +344,6 @@ def main(argv: list[str] | None = None) -> int:
             parse_cpu_list(args.router_cpus)
         except ValueError as error:
             parser.error(str(error))
-    # SIGTERM (a driver's `timeout`) unwinds like an exception, so the router and engine below are stopped
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="front-load-"))
     model = args.model_path
     if model is None:
@@ -392,4 +390,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM (a driver's `timeout`) unwinds like an exception, so main's router and engine are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     raise SystemExit(main())

@@ -88,13 +88,12 @@ stop_engine() {  # its whole session: SIGTERM, then SIGKILL after 20 s
   kill -9 -- -"$ENGINE_PID" 2>/dev/null
   wait "$ENGINE_PID" 2>/dev/null
   ENGINE_PID=""
-ROWS=()  # the loads' JSON rows, in the order they ran
 }
 
 finish() {  # stop the engine, keep its log tail, the routers' logs and the table
   stop_engine
   tail -60 "$W/engine.log" > "$OUT/front_load_engine_tail.log" 2>/dev/null
-  tar czf "$OUT/front_load_logs.tgz" -C "$W" tmp 2>/dev/null
+  tar czf "$OUT/front_load_logs.tgz" -C "$W" --exclude="torchinductor_*" tmp 2>/dev/null
   if [ ${#ROWS[@]} -gt 0 ]; then
     "$PY" benchmarks/front_load_table.py --engine-label "$ENGINE_LABEL" "${ROWS[@]}" > "$OUT/front_load_table.md"
     cat "$OUT/front_load_table.md"
