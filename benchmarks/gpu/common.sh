@@ -31,14 +31,26 @@ sys.argv[1], port=int(sys.argv[2]), python='python3', passthrough={'attention_ba
     "$1" "$2" "$3" "${CUDA_GRAPH_MAX_BS:-}" "${SGLANG_EXTRA:-}"
 }
 
-# wait_sglang URL [SECONDS]: until /health_generate answers 200 (the first launch JIT-compiles
-# kernels for about 3 minutes); prints the last status.
+# wait_sglang URL [SECONDS [PID]]: until /health_generate answers 200 (the first launch JIT-compiles
+# kernels for about 3 minutes), or process PID (the server's) has exited; prints the last status.
 wait_sglang() {
-  python3 - "$1" "${2:-360}" <<'PY'
+  python3 - "$1" "${2:-360}" "${3:-}" <<'PY'
 import sys, time, urllib.request
-url, deadline = sys.argv[1], time.time() + float(sys.argv[2])
+url, deadline, pid = sys.argv[1], time.time() + float(sys.argv[2]), sys.argv[3]
+
+
+def exited() -> bool:  # gone, or a zombie its parent shell has not reaped yet
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 status = "no answer"
 while time.time() < deadline:
+    if pid and exited():
+        status = "exited"
+        break
     try:
         with urllib.request.urlopen(url + "/health_generate", timeout=60) as r:
             status = r.status

@@ -17,8 +17,9 @@
 #   run   carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b6     (no carry on a host where SGLang imports)
 #         builds the model, starts SGLang, runs LOADS in order (default 100x2:openai 1000x3:aiohttp
 #         1000x3:openai: SESSIONSxTURNS:CLIENT), each only with LOAD_MIN_S (75) left of BUDGET_S
-#         (420, the call's limit less a margin), then stops SGLang. Expected: ~60-90 s of SGLang start
-#         on a warm host (kernels compiled; ~165 s fresh), ~20 s for the model, ~30-60 s per load.
+#         (390: the call's ~420 s limit less the time to stop and keep), then stops SGLang. Expected:
+#         ~60-90 s of SGLang start on a warm host (kernels compiled; ~165 s fresh), ~10 s for the
+#         model, ~20 s for the small load, ~40-90 s per 1,000-session load. Device call timeout: 420.
 #   cpu   the same chain on this machine (no GPU): a tiny model, `slime-async serve-engine` (the CPU
 #         engine) started on a port as the external engine, LOADS_CPU (default 20x2:openai
 #         100x2:aiohttp, 16 tokens); also prints the SGLang command line the run phase would launch.
@@ -30,13 +31,14 @@ set -uo pipefail
 source benchmarks/gpu/common.sh
 PY=${PYTHON:-python3}
 W=${W:-/tmp/frontload}
-BUDGET_S=${BUDGET_S:-420}
+BUDGET_S=${BUDGET_S:-390}
 LOAD_MIN_S=${LOAD_MIN_S:-75}
 MAX_TOKENS=${MAX_TOKENS:-128}
 MODEL_ARGS=(--arch qwen2 --hidden-size 896 --num-layers 8 --num-attention-heads 14 --num-key-value-heads 2
             --intermediate-size 4864 --max-position-embeddings 4096)
 ENGINE_PID=""
 ROWS=()  # the loads' JSON rows, in the order they ran
+FAILED_LOADS=""  # loads that exited non-zero (errors, a cut) or were skipped: the driver's exit is 1
 
 # CPU sets on a host of 16 or more cores; on a smaller one only the router is pinned, to the last core.
 split_cpus() {
@@ -47,6 +49,7 @@ split_cpus() {
   else
     SGLANG_CPUS="" ROUTER_CPUS=$(( n - 1 )) CLIENT_CPUS=""
   fi
+  command -v taskset > /dev/null || { echo "no taskset: nothing pinned"; SGLANG_CPUS="" ROUTER_CPUS="" CLIENT_CPUS=""; }
 }
 
 build_model() {  # build_model DIR ARGS...: the model and its tools chat template, once per host
@@ -58,7 +61,7 @@ build_model() {  # build_model DIR ARGS...: the model and its tools chat templat
 
 # run_loads URL MODEL LOAD...: each LOAD is SESSIONSxTURNS:CLIENT, run while time is left
 run_loads() {
-  local url=$1 model=$2 load sessions turns client name left
+  local url=$1 model=$2 load sessions turns client name left code
   shift 2
   mkdir -p "$W/tmp"
   for load in "$@"; do
@@ -67,6 +70,7 @@ run_loads() {
     left=$(( BUDGET_S - SECONDS ))
     if [ "$left" -lt "$LOAD_MIN_S" ]; then
       elapsed "skipped $name: ${left} s left (LOAD_MIN_S=$LOAD_MIN_S)"
+      FAILED_LOADS+=" $name(skipped)"
       continue
     fi
     # TMPDIR: front_load.py's work directory (router.log) lands where finish() collects it
@@ -74,7 +78,9 @@ run_loads() {
       --engine-url "$url" --model-path "$model" --sessions "$sessions" --turns "$turns" --max-tokens "$MAX_TOKENS" \
       --client "$client" ${ROUTER_CPUS:+--router-cpus $ROUTER_CPUS} --json "$OUT/front_load_$name.json" \
       > "$OUT/front_load_$name.txt" 2>&1
-    elapsed "$name exit $?"
+    code=$?
+    elapsed "$name exit $code"
+    [ $code -eq 0 ] || FAILED_LOADS+=" $name(exit $code)"
     [ -f "$OUT/front_load_$name.json" ] && ROWS+=("$OUT/front_load_$name.json")
     tail -32 "$OUT/front_load_$name.txt"
   done
@@ -98,6 +104,7 @@ finish() {  # stop the engine, keep its log tail, the routers' logs and the tabl
     "$PY" benchmarks/front_load_table.py --engine-label "$ENGINE_LABEL" "${ROWS[@]}" > "$OUT/front_load_table.md"
     cat "$OUT/front_load_table.md"
   fi
+  [ -z "$FAILED_LOADS" ] || echo "not measured in full:$FAILED_LOADS"
   elapsed "kept the results in $OUT"
 }
 
@@ -108,7 +115,8 @@ run)
     install_sglang
     pipi .gpu-wheels/b3/*.whl
   fi
-  python3 -c "import aiohttp, httpx, openai, orjson" || { echo "the load's clients do not import (see above)"; exit 3; }
+  # the aiohttp client's (the openai client's loads fail alone, in their .txt, if openai or httpx is missing)
+  python3 -c "import aiohttp, orjson" || { echo "aiohttp or orjson does not import (see above)"; exit 3; }
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader  # another driver's server left running?
   rm -rf "$W/tmp" && mkdir -p "$W"
   split_cpus
@@ -118,8 +126,11 @@ $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
   build_model "$W/model" "${MODEL_ARGS[@]}"
   SGLANG_EXTRA=${SGLANG_EXTRA:-'{"disable_cuda_graph": true}'} launch_sglang "$W/model" "${PORT:-30300}" 0.3 "$W/engine.log"
   ENGINE_PID=$!
-  elapsed "$(wait_sglang "http://127.0.0.1:${PORT:-30300}" $(( BUDGET_S - LOAD_MIN_S - SECONDS )))"
+  status=$(wait_sglang "http://127.0.0.1:${PORT:-30300}" $(( BUDGET_S - LOAD_MIN_S - SECONDS )) "$ENGINE_PID")
+  elapsed "$status"
+  [[ $status == *" 200" ]] || { tail -40 "$W/engine.log"; exit 5; }
   run_loads "http://127.0.0.1:${PORT:-30300}" "$W/model" ${LOADS:-100x2:openai 1000x3:aiohttp 1000x3:openai}
+  [ -z "$FAILED_LOADS" ] || exit 1
   ;;
 cpu)  # the same chain against the CPU engine as an external one; W defaults to a fresh temporary directory
   export PYTHONPATH=$PWD
@@ -135,8 +146,11 @@ cpu)  # the same chain against the CPU engine as an external one; W defaults to 
   port=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
   setsid "$PY" -m actors.loop.cli serve-engine --model-path "$W/model" --port "$port" > "$W/engine.log" 2>&1 < /dev/null &
   ENGINE_PID=$!
-  elapsed "$(wait_sglang "http://127.0.0.1:$port" 180)"
+  status=$(wait_sglang "http://127.0.0.1:$port" 180 "$ENGINE_PID")
+  elapsed "$status"
+  [[ $status == *" 200" ]] || { tail -40 "$W/engine.log"; exit 5; }
   run_loads "http://127.0.0.1:$port" "$W/model" ${LOADS_CPU:-20x2:openai 100x2:aiohttp}
+  [ -z "$FAILED_LOADS" ] || exit 1
   ;;
 *) echo "unknown phase $1: b1, run or cpu"; exit 2 ;;
 esac
