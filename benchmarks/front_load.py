@@ -29,6 +29,7 @@ read before and after and subtracted):
     python benchmarks/front_load.py --engine cpu --sessions 200 --turns 2 --max-tokens 16
     python benchmarks/front_load.py --engine instant --client aiohttp --front-concurrency 0  # no gate
     python benchmarks/front_load.py --engine instant --client aiohttp --profile router.prof  # where its CPU goes
+    python benchmarks/front_load.py --engine instant --client aiohttp --router-cpus 8-9  # the router on cores of its own
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import argparse
 import asyncio
 import json
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -212,7 +214,24 @@ def _start(command: list[str], pattern: str, log_path: Path) -> tuple[subprocess
             # the rest of its output goes to the log, so a full pipe never blocks it
             subprocess.Popen(["cat"], stdin=process.stdout, stdout=log)
             return process, match.group(1)
-    raise RuntimeError(f"{command[2:4]} did not start; its output: {log_path}")
+    raise RuntimeError(f"{' '.join(command[:6])} ... did not start; its output: {log_path}")
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """``taskset -c``'s list (``8``, ``8-9``, ``0,2-3``) as a set of CPUs; ValueError if malformed
+    or naming a CPU this process may not run on."""
+    if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", text):
+        raise ValueError(f"--router-cpus: {text!r} is not a CPU list like 8, 8-9 or 0,2-3")
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus |= set(range(int(first), int(last or first) + 1))
+    import os
+
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise ValueError(f"--router-cpus: {text!r} names CPUs outside this machine's {min(allowed)}-{max(allowed)}")
+    return cpus
 
 
 def _rss_mib(pid: int) -> float:
@@ -312,11 +331,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-tokens", type=int, default=None, help="the router's --chunk-tokens (default its own)")
     parser.add_argument("--front-concurrency", type=int, default=None,
                         help="the router's --front-concurrency (default its own; 0 = no bound)")
+    parser.add_argument("--router-cpus", default=None,
+                        help="run the router on these CPUs only (taskset -c list, e.g. 8-9): a core of its own, "
+                             "apart from the client and the engine")
     parser.add_argument("--profile", type=Path, default=None, help="run the router under cProfile (its main thread's CPU time, benchmarks/cpu_profile.py), stats here")
     parser.add_argument("--json", type=Path, default=None, help="also write the row here")
     args = parser.parse_args(argv)
     if args.engine_url is not None and args.model_path is None:
         parser.error("--engine-url needs --model-path (the tokenizer and chat template the engine's model uses)")
+    if args.router_cpus is not None:
+        try:
+            parse_cpu_list(args.router_cpus)
+        except ValueError as error:
+            parser.error(str(error))
     work = Path(tempfile.mkdtemp(prefix="front-load-"))
     model = args.model_path
     if model is None:
@@ -337,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     router = None
     try:
         profile = [] if args.profile is None else ["-m", "benchmarks.cpu_profile", str(args.profile.resolve())]
+        pin = [] if args.router_cpus is None else ["taskset", "-c", args.router_cpus]
         router, router_url = _start(
-            [python, *(profile or ["-m"]), "actors.loop.cli", "router", "--engine-url", engine_url, "--model-path", str(model),
+            [*pin, python, *(profile or ["-m"]), "actors.loop.cli", "router", "--engine-url", engine_url, "--model-path", str(model),
              "--port", "0", "--max-recorded-sessions", str(args.sessions + 16), "--log-level", "warning",
              *([] if args.chunk_tokens is None else ["--chunk-tokens", str(args.chunk_tokens)]),
              *([] if args.front_concurrency is None else ["--front-concurrency", str(args.front_concurrency)])],
@@ -353,10 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     print_table(f"{args.engine_url or args.engine} engine, {args.client} client, {args.sessions} sessions x {args.turns} turns, "
                 f"max_tokens {args.max_tokens}, stop {args.stop}, chunk_tokens {args.chunk_tokens or 'default'}, "
                 f"front_concurrency {'default' if args.front_concurrency is None else args.front_concurrency}", row)
-    if args.json is not None:
-        args.json.write_text(json.dumps(row, indent=1) + "\n")
+    if args.json is not None:  # with the load's parameters, so a table can be made from the files alone
+        load = {"engine": args.engine_url or args.engine, "client": args.client, "turns": args.turns,
+                "max_tokens": args.max_tokens, "chunk_tokens": args.chunk_tokens,
+                "front_concurrency": args.front_concurrency, "router_cpus": args.router_cpus}
+        args.json.write_text(json.dumps(load | row, indent=1) + "\n")
     return 0 if row["errors"] == 0 else 1
 
 
 if __name__ == "__main__":
+    # SIGTERM (a driver's `timeout`) unwinds like an exception, so main's router and engine are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     raise SystemExit(main())

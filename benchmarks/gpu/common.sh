@@ -13,25 +13,44 @@ pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-
 
 # launch_sglang MODEL_DIR PORT MEM_FRACTION LOG: start SGLang in its own session (it outlives the
 # call that starts it, until the host goes back) with the backends this host's build needs;
-# SGLANG_CPUS (a taskset list) keeps it off cores other work is pinned to.
+# SGLANG_CPUS (a taskset list) keeps it off cores other work is pinned to; SGLANG_EXTRA (a JSON
+# object of server-argument fields, e.g. '{"disable_cuda_graph": true}') adds flags.
 launch_sglang() {
   local argv
-  argv=$(python3 -c "import shlex, sys; from actors.engine.sglang import build_sglang_argv as b; print(shlex.join(b(
-sys.argv[1], port=int(sys.argv[2]), python='python3', passthrough={'attention_backend': 'triton',
-'sampling_backend': 'pytorch', 'mem_fraction_static': float(sys.argv[3]), 'log_level': 'warning',
-**({'cuda_graph_max_bs_decode': int(sys.argv[4])} if sys.argv[4] else {})})))" "$1" "$2" "$3" "${CUDA_GRAPH_MAX_BS:-}")
+  argv=$(sglang_argv "$1" "$2" "$3") || return 2
   elapsed "launch: $argv"
   CUDA_VISIBLE_DEVICES=${SGLANG_GPU:-0} setsid ${SGLANG_CPUS:+taskset -c $SGLANG_CPUS} bash -c "exec $argv" > "$4" 2>&1 < /dev/null &
 }
 
-# wait_sglang URL [SECONDS]: until /health_generate answers 200 (the first launch JIT-compiles
-# kernels for about 3 minutes); prints the last status.
+# sglang_argv MODEL_DIR PORT MEM_FRACTION: launch_sglang's command line, printed (a CPU host checks it).
+sglang_argv() {
+  ${PY:-python3} -c "import json, shlex, sys; from actors.engine.sglang import build_sglang_argv as b; print(shlex.join(b(
+sys.argv[1], port=int(sys.argv[2]), python='python3', passthrough={'attention_backend': 'triton',
+'sampling_backend': 'pytorch', 'mem_fraction_static': float(sys.argv[3]), 'log_level': 'warning',
+**({'cuda_graph_max_bs_decode': int(sys.argv[4])} if sys.argv[4] else {}), **json.loads(sys.argv[5] or '{}')})))" \
+    "$1" "$2" "$3" "${CUDA_GRAPH_MAX_BS:-}" "${SGLANG_EXTRA:-}"
+}
+
+# wait_sglang URL [SECONDS [PID]]: until /health_generate answers 200 (the first launch JIT-compiles
+# kernels for about 3 minutes), or process PID (the server's) has exited; prints the last status.
 wait_sglang() {
-  python3 - "$1" "${2:-360}" <<'PY'
+  python3 - "$1" "${2:-360}" "${3:-}" <<'PY'
 import sys, time, urllib.request
-url, deadline = sys.argv[1], time.time() + float(sys.argv[2])
+url, deadline, pid = sys.argv[1], time.time() + float(sys.argv[2]), sys.argv[3]
+
+
+def exited() -> bool:  # gone, or a zombie its parent shell has not reaped yet
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 status = "no answer"
 while time.time() < deadline:
+    if pid and exited():
+        status = "exited"
+        break
     try:
         with urllib.request.urlopen(url + "/health_generate", timeout=60) as r:
             status = r.status

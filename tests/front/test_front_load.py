@@ -4,9 +4,12 @@ engine that answers at once, through a front that works on 8 requests at once
 (--router-front-concurrency). Every turn answered, every session recorded token for token; the
 event loop's lag is measured and printed (no timing is asserted: the machine decides that)."""
 
+import json
+import os
+
 import pytest_asyncio
 
-from benchmarks.front_load import run_load
+from benchmarks.front_load import main, run_load
 from benchmarks.instant_engine import InstantEngine
 from slime_async.trajectory import prompt_ids
 
@@ -39,3 +42,17 @@ async def test_fifty_agent_sessions_are_answered_and_recorded_token_exactly(inst
     print(f"\n{SESSIONS} sessions x {TURNS} turns: {result.requests / result.wall:.1f} requests/s; "
           f"router loop lag p50 {metrics['router/loop_lag_p50_ms']} ms, p99 {metrics['router/loop_lag_p99_ms']} ms, "
           f"max {metrics['router/loop_lag_max_ms']:.1f} ms; front added p99 {metrics['router/front_added_p99_ms']} ms")
+
+
+def test_the_benchmark_against_an_engine_already_running_writes_its_row_with_the_load(cpu_engine, chat_model_dir,
+                                                                                      tmp_path):
+    # the GPU driver's path (benchmarks/gpu/front_load.sh): --engine-url, the router pinned to one CPU, --json
+    cpu = str(min(os.sched_getaffinity(0)))
+    row_path = tmp_path / "row.json"
+    code = main(["--engine-url", cpu_engine, "--model-path", str(chat_model_dir), "--sessions", "4", "--turns", "2",
+                 "--max-tokens", "8", "--client", "aiohttp", "--router-cpus", cpu, "--json", str(row_path)])
+    row = json.loads(row_path.read_text())
+    assert code == 0 and row["errors"] == 0 and row["requests"] == 8
+    assert (row["engine"], row["client"], row["turns"], row["max_tokens"], row["router_cpus"]) == (
+        cpu_engine, "aiohttp", 2, 8, cpu)
+    assert 0 < row["output_tokens"] <= 8 * 8
