@@ -17,7 +17,7 @@ from actors.weight_sync.errors import NoEngineTakesWeights
 from actors.weight_sync.refusals import ATTEMPTS, Refusals, backoff
 from actors.engine.cpu.local import start_local_engine, stop_local_engine
 from examples.models.tiny import build_tiny_model
-from slime_async.actor import Actor, spawn
+from slime_async.actor import Actor, ActorFailed, spawn
 
 
 class _Trainer(Actor):
@@ -52,9 +52,10 @@ def engines(tmp_path: Path, *models: Path) -> Iterator[list[str]]:
 
 
 @contextlib.asynccontextmanager
-async def weight_sync(urls: list[str], model: Path, weights: Path):
+async def weight_sync(urls: list[str], model: Path, weights: Path, health_interval: float = 3600.0):
     # The watcher every 0.1 s, so that the refused engine's retries (after 1 s, then 2 s) come soon.
-    router = await spawn(RouterActor(RouterConfig(router_health_interval=3600.0, router_load_interval=0.0), urls))
+    router = await spawn(RouterActor(RouterConfig(router_health_interval=health_interval, router_load_interval=0.0),
+                                     urls))
     trainer = await spawn(_Trainer(model))
     sync = await spawn(WeightSyncActor(trainer, router, "disk", "abort", weights, watch_interval=0.1))
     try:
@@ -112,6 +113,29 @@ async def test_a_sync_whose_every_engine_refuses_fails_naming_the_engine_and_its
     assert "shape mismatch for 'lm_head.weight': got [512, 64], model has [512, 32]" in message
     refusals = [r.getMessage() for r in caplog.records if "refused the weights" in r.getMessage()]
     assert len(refusals) == ATTEMPTS and "try 3 of 3; kept out until the next version" in refusals[-1]
+
+
+async def test_an_only_engine_restarted_with_another_model_ends_the_weight_sync_naming_its_refusal(tmp_path, models):
+    # Between syncs: the external engine is restarted on its port serving another model. The router
+    # finds it healthy with other weights (stale), the watcher loads the current ones into it, it
+    # refuses them 3 times, and nothing else could generate: the actor fails (and with it the run).
+    policy, other = models
+    process, url = start_local_engine(policy, tmp_path / "engine.log", "--num-threads", "1")
+    try:
+        async with weight_sync([url], policy, tmp_path / "weights", health_interval=0.2) as (_, sync):
+            await sync.ask("sync", 1, timeout=None)
+            stop_local_engine(process)
+            port = url.rsplit(":", 1)[1]
+            process, _ = start_local_engine(other, tmp_path / "engine-again.log", "--num-threads", "1", "--port", port)
+            with pytest.raises(ActorFailed) as raised:
+                async with asyncio.timeout(120):  # a hang guard only
+                    await sync.wait()
+    finally:
+        stop_local_engine(process)
+    error = raised.value.error
+    assert isinstance(error, NoEngineTakesWeights)
+    assert f"weight sync v1: no engine can serve the new weights, every one refused them: {url} refused it 3 time(s)" \
+        in str(error) and "shape mismatch" in str(error)
 
 
 def test_refusals_are_tried_after_a_doubling_backoff_and_given_up_on_after_the_last_try():
