@@ -325,8 +325,13 @@ class WeightSyncActor(Actor):
             waiting = [url for url in urls if not self._refusals.exhausted(url, version)]
             await asyncio.sleep(min(self._refusals.wait(url, version, now) for url in waiting))
             for url in waiting:
-                if self._refusals.due(url, version, time.monotonic()) and await self._rejoin(url, version) == "up":
-                    return
+                if not self._refusals.due(url, version, time.monotonic()):
+                    continue
+                try:
+                    if await self._rejoin(url, version) == "up":
+                        return
+                except Exception as error:  # noqa: BLE001 - e.g. it died meanwhile: down, not refusing (next round)
+                    log.warning("weight sync v%d: retrying %s failed: %s", version, url, error)
 
     async def _fail_if_none_can_serve(self, version: int) -> list[str]:
         """Raise NoEngineTakesWeights when no engine serves ``version`` and every one refused it as
