@@ -158,6 +158,8 @@ async def _evaluate(h: Handles, step: int) -> None:
         log.error("eval at step %d failed: %s: %s", step, type(error).__name__, error)
         return
     rewards = ", ".join(f"{key} {value:.3f}" for key, value in metrics.items() if key.endswith("/reward_mean"))
-    log.info("eval at step %d: %s", step, rewards or "no samples")
+    failed = sum(value for key, value in metrics.items() if key.endswith("/failed_samples"))
+    log.info("eval at step %d: %s%s", step, rewards or "no samples",
+             f" ({failed:g} failed sample(s) left out)" if failed else "")
     h.monitor.tell("log", step, metrics)
 

@@ -185,7 +185,8 @@ class RolloutActor(Actor):
 
     def evaluate(self, datasets: Any) -> Any:
         """Score every prompt (``--n-samples-per-eval-prompt`` each) of one dataset (``eval/*``
-        scalars) or of ``{name: dataset}`` (``eval/<name>/*``; name "" is ``eval/*``)."""
+        scalars) or of ``{name: dataset}`` (``eval/<name>/*``; name "" is ``eval/*``); a sample that
+        fails is left out and counted (``failed_samples``), see ``_evaluate``."""
         return self.defer(self._evaluate_all(datasets if isinstance(datasets, dict) else {"": datasets}))
 
     def state_dict(self) -> dict[str, Any]:
@@ -281,10 +282,8 @@ class RolloutActor(Actor):
         try:
             group = await self._generate_group(prompt, group_index)
         except Exception as error:  # noqa: BLE001 - engine and hook errors are counted and survived
-            self._counters["generation_errors"] += 1
+            reason = self._generation_failed(error)
             self._consecutive_failures += 1
-            # A hook's exception names its own frame (the user's file and line), not just its message.
-            reason = describe(error)
             self._settle(group_index)
             if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
                 # Nothing is being produced: end the run with the reason instead of spinning.
@@ -320,6 +319,12 @@ class RolloutActor(Actor):
         await self.buffer.ask("put", group, admitted=admitted, timeout=None)
         self.ctx.trace.record("wait for space", self._space_waits, waited, cat="buffer_wait", min_seconds=MIN_WAIT,
                               group=group_index)
+
+    def _generation_failed(self, error: Exception) -> str:
+        """Count a generation that raised (an engine's error answer, a hook's exception) and say
+        why in one line: a hook's exception names its own frame (the user's file and line)."""
+        self._counters["generation_errors"] += 1
+        return describe(error)
 
     def _settle(self, group_index: int) -> None:
         """The group's prompt leaves flight: its group goes to the buffer, is dropped or is retried."""
@@ -424,26 +429,45 @@ class RolloutActor(Actor):
         return {key: value for metrics in results for key, value in metrics.items()}
 
     async def _evaluate(self, name: str, dataset: Any) -> dict[str, float]:
+        """One eval set. A sample whose generation raises (an engine refuses its request, a hook
+        fails) or whose reward fails is counted as the training rollout counts them
+        (``rollout/generation_errors``, ``rollout/reward_errors``), logged with its row, and left
+        out: the set's means are over the samples that finished, ``failed_samples`` counts the rest."""
         params = self.sampling_params(evaluation=True)
         prompts = list(dataset.all_prompts())
         n = self.config.n_samples_per_eval_prompt
         prefix = f"eval/{name}/" if name else "eval/"
+        label = f"eval {name!r}" if name else "eval"
 
-        async def one(prompt: Any, i: int, k: int) -> Sample:
+        async def one(prompt: Any, i: int, k: int) -> Sample | None:
             sample = self._new_sample(prompt, -1 - i, k)
             sample.session_id = f"eval-{name}-{i}" if name else f"eval-{i}"
-            result = await self._generate_sample(sample, params, evaluation=True)
+            try:
+                result = await self._generate_sample(sample, params, evaluation=True)
+            except Exception as error:  # noqa: BLE001 - one sample's failure never fails the evaluation
+                log.warning("%s: row %d sample %d failed, left out: %s", label, prompt.index, k,
+                            self._generation_failed(error))
+                return None
             produced = result if isinstance(result, list) else [result]
-            await self.scorer.score_group(produced)
-            return produced[-1]  # a hook that splits a trajectory is scored on its last piece
+            await self.scorer.score_group(produced)  # a failed reward is counted and marks the sample failed
+            last = produced[-1]  # a hook that splits a trajectory is scored on its last piece
+            if last.status is Status.FAILED:
+                reason = last.metadata.get("reward_error")
+                log.warning("%s: row %d sample %d failed, left out: %s", label, prompt.index, k,
+                            f"its reward failed ({reason})" if reason else "its generate hook marked it failed")
+                return None
+            return last
 
-        samples = await gather_or_cancel(*(one(p, i, k) for i, p in enumerate(prompts) for k in range(n)))
-        rewards = [s.reward or 0.0 for s in samples]
-        out = {
-            prefix + "reward_mean": sum(rewards) / max(len(rewards), 1),
-            prefix + "response_len_mean": sum(s.response_length for s in samples) / max(len(samples), 1),
-            prefix + "samples": float(len(samples)),
-        }
+        results = await gather_or_cancel(*(one(p, i, k) for i, p in enumerate(prompts) for k in range(n)))
+        samples = [sample for sample in results if sample is not None]
+        out = {prefix + "samples": float(len(samples)), prefix + "failed_samples": float(len(results) - len(samples))}
+        if not samples:
+            self._counters["eval_errors"] += 1  # an evaluation that measured nothing failed as a whole
+            log.error("%s failed: every one of its %d samples failed (see above); no reward to report", label,
+                      len(results))
+            return out
+        out[prefix + "reward_mean"] = sum(s.reward or 0.0 for s in samples) / len(samples)
+        out[prefix + "response_len_mean"] = sum(s.response_length for s in samples) / len(samples)
         hook_metrics: dict[str, list[float]] = {}
         for sample in samples:
             _collect_hook_metrics(hook_metrics, sample)

@@ -20,6 +20,11 @@ restarted on its port — serves other weights than the current version, so the 
 as ``stale``; the actor's watcher brings each such engine to the current version alone and lets the
 router confirm it. Messages run one at a time, so a sync and a rejoin never overlap (the export
 directory and the trainer's weight group are what they share).
+
+An engine that refuses the weights (``success: false``: a checkpoint it cannot load, see
+refusals.py) is tried a few times with backoff, then kept out until the next version; when no
+engine serves the new version and every one of them refused it, the sync fails naming each engine
+and its refusal, and so does the run: nothing could generate.
 """
 
 from __future__ import annotations
@@ -34,13 +39,14 @@ from typing import Any, Protocol
 import aiohttp
 
 from actors.weight_sync.colocate import Colocation
-from actors.weight_sync.delta import DeltaTransport, PushResult
+from actors.weight_sync.delta import DeltaSyncError, DeltaTransport, PushResult
 from actors.weight_sync.disk import DiskTransport
 from actors.weight_sync.distributed import DistributedTransport
-from actors.weight_sync.errors import WeightSyncError
+from actors.weight_sync.errors import NoEngineTakesWeights, WeightSyncError
+from actors.weight_sync.refusals import ATTEMPTS, Refusals
 from actors.weight_sync.tensor import TensorTransport
 from slime_async.actor import Actor, ActorRef
-from slime_async.engine_client import EngineClient
+from slime_async.engine_client import EngineClient, EngineHTTPError
 from slime_async.quiesce import QuiesceMode, check_mode, leaves_engine_idle
 from slime_async.task_group import gather_settled
 from slime_async.trace import TraceRecorder
@@ -93,6 +99,7 @@ class WeightSyncActor(Actor):
         self._idle_flush_failures = 0
         self._deferred_flush: asyncio.Task | None = None  # in_place / retract: the flush left with the engines
         self._deferred_flushes = 0
+        self._refusals = Refusals()  # engines that answered an update with success: false
 
     def _transport(self, trainer: ActorRef, name: str, weights_dir: Path, delta_receivers: Mapping[str, str],
                    export_dir_check: Callable[[], Awaitable[None]] | None) -> Transport:
@@ -137,7 +144,7 @@ class WeightSyncActor(Actor):
                 if self.colocation is not None:
                     await self.colocation.update_weights(clients, version)
                 else:
-                    self._report(clients, await self.transport.send(clients, version, flush_cache=False))
+                    self._report(clients, await self.transport.send(clients, version, flush_cache=False), version)
                     if leaves_engine_idle(self.mode):
                         await self._flush_when_idle(clients, IDLE_FLUSH_WAIT_S)
         with self.trace.span("resume", lane, cat="weight_sync"):
@@ -156,6 +163,7 @@ class WeightSyncActor(Actor):
         behind = {url: state for url, state in states.items() if state != "up"}
         if behind:
             log.error("weight sync v%d: engines not serving the new version: %s", version, behind)
+            await self._retry_refusals_when_none_serves(version, states)
         return time.monotonic() - started
 
     async def _hold(self, version: int) -> None:
@@ -180,13 +188,22 @@ class WeightSyncActor(Actor):
         then serves the HF checkpoint, which is version 0."""
         if self._version is None:
             return []
+        version, now = self._version, time.monotonic()
         stale = [e["url"] for e in await self.router.ask("engines") if e["health"] == "stale" and not e["paused"]]
-        return [url for url in stale if await self._rejoin(url, self._version) == "up"]
+        # One that refused this version waits out its backoff, and is not tried again once it has refused it
+        # ATTEMPTS times (the next sync tries it again).
+        due = [url for url in stale if self._refusals.due(url, version, now)]
+        back = [url for url in due if await self._rejoin(url, version) == "up"]
+        if due and not back:
+            await self._fail_if_none_can_serve(version)
+        return back
 
     def metrics(self) -> dict[str, float]:
         """What the loop logs after each step: engines brought back after a (re)join, the
         transport's own (delta: bytes on the wire; distributed: groups built), colocation's phases."""
         out = {"router/engine_rejoins": float(self._rejoins),
+               "perf/weight_sync_refusals": float(self._refusals.total),
+               "perf/weight_sync_engines_refusing": float(self._refusals.holding_out(self._version or 0)),
                "perf/weight_sync_idle_flush_failures": float(self._idle_flush_failures),
                "perf/weight_sync_deferred_flushes": float(self._deferred_flushes)}
         if self.colocation is not None:
@@ -224,6 +241,9 @@ class WeightSyncActor(Actor):
             await asyncio.sleep(self.watch_interval)
             try:
                 await self.ref.ask("refresh_stale", timeout=None)
+            except NoEngineTakesWeights as error:
+                self.fail(error)  # every engine refused the current weights: nothing can generate
+                return
             except Exception as error:  # noqa: BLE001 - the next round tries again; the run goes on
                 log.warning("weight sync: updating a rejoined engine failed: %s", error)
 
@@ -232,10 +252,17 @@ class WeightSyncActor(Actor):
         await self.router.ask("pause", "abort", urls=[url], timeout=self.timeout)
         try:
             async with self._clients([url]) as (client,):
-                if self.colocation is not None:
-                    await self.colocation.rejoin(client, version)
-                else:
-                    self._report([client], await self.transport.rejoin(client, version))
+                try:
+                    if self.colocation is not None:
+                        await self.colocation.rejoin(client, version)
+                        results: list[object] = []
+                    else:
+                        results = await self.transport.rejoin(client, version)
+                except Exception as error:  # noqa: BLE001 - a refusal is counted; anything else goes on up
+                    if _refusal(error) is None:
+                        raise
+                    results = [error]  # the distributed transport raises the engine's refusal
+                self._report([client], results, version)
                 await self._flush_when_idle([client], IDLE_FLUSH_WAIT_S)
         finally:
             states = await self.router.ask("resume", str(version), urls=[url], timeout=self.timeout)
@@ -245,7 +272,7 @@ class WeightSyncActor(Actor):
         if state == "up":
             self._rejoins += 1
             log.warning("engine %s rejoined with other weights: loaded the current weights (v%d) into it", url, version)
-        else:
+        elif not self._refusals.refused(url, version):  # a refusal was logged with the engine's own message
             log.error("engine %s rejoined with other weights; loading v%d into it left it %s", url, version, state)
         return state
 
@@ -266,17 +293,71 @@ class WeightSyncActor(Actor):
     def _clients(self, urls: Sequence[str] | None = None) -> _Clients:
         return _Clients(self.router, urls, self.api_key)
 
-    @staticmethod
-    def _report(clients: Sequence[EngineClient], results: Sequence[object]) -> None:
+    def _report(self, clients: Sequence[EngineClient], results: Sequence[object], version: int) -> None:
         failures = []
+        now = time.monotonic()
         for client, result in zip(clients, results):
-            if isinstance(result, BaseException):
+            refusal = _refusal(result)
+            if refusal is not None:
+                count = self._refusals.record(client.url, version, refusal, now)
+                left = "retried after a backoff" if count < ATTEMPTS else "kept out until the next version"
+                log.error("weight sync v%d: engine %s refused the weights (try %d of %d; %s): %s", version, client.url,
+                          count, ATTEMPTS, left, refusal)
+            elif isinstance(result, BaseException):
                 failures.append(f"{client.url}: {result}")
-            elif isinstance(result, dict) and not result.get("success", True):
-                failures.append(f"{client.url}: {result.get('message')}")
+            else:
+                self._refusals.accepted(client.url)
         if failures:
             # The router's resume() keeps such engines out as stale; the watcher retries each.
             log.error("weight update failed on %d engine(s): %s", len(failures), "; ".join(failures))
+
+    async def _retry_refusals_when_none_serves(self, version: int, states: Mapping[str, str]) -> None:
+        """No engine serves ``version``: when each refused it (none is merely down: a restarting one
+        gets it when it answers again), retry them after their backoff until one takes it or each has
+        refused it ATTEMPTS times; then raise NoEngineTakesWeights, naming them and their refusals."""
+        if any(state == "up" for state in states.values()):
+            return
+        while True:
+            urls = await self._fail_if_none_can_serve(version)
+            if not urls:
+                return  # an engine is up, or one that did not refuse may still come back
+            now = time.monotonic()
+            waiting = [url for url in urls if not self._refusals.exhausted(url, version)]
+            await asyncio.sleep(min(self._refusals.wait(url, version, now) for url in waiting))
+            for url in waiting:
+                if not self._refusals.due(url, version, time.monotonic()):
+                    continue
+                try:
+                    if await self._rejoin(url, version) == "up":
+                        return
+                except Exception as error:  # noqa: BLE001 - e.g. it died meanwhile: down, not refusing (next round)
+                    log.warning("weight sync v%d: retrying %s failed: %s", version, url, error)
+
+    async def _fail_if_none_can_serve(self, version: int) -> list[str]:
+        """Raise NoEngineTakesWeights when no engine serves ``version`` and every one refused it as
+        often as it is tried. Returns the engines' URLs when each refused it but some have tries
+        left, else [] (an engine is up, or one did not refuse: it is down or was never tried)."""
+        engines = await self.router.ask("engines")
+        urls = [engine["url"] for engine in engines]
+        if not urls or any(engine["health"] == "up" for engine in engines) or not all(
+                self._refusals.refused(url, version) for url in urls):
+            return []
+        if all(self._refusals.exhausted(url, version) for url in urls):
+            raise NoEngineTakesWeights(f"weight sync v{version}: no engine can serve the new weights, every one "
+                                       f"refused them: {self._refusals.describe(urls, version)}")
+        return urls
+
+
+def _refusal(result: object) -> str | None:
+    """The engine's own message when ``result`` is its refusal of the weights (it answered
+    ``success: false`` or an error status), else None (it took them, or could not be reached)."""
+    if isinstance(result, dict) and result.get("success") is False:
+        return str(result.get("message"))
+    if isinstance(result, EngineHTTPError):
+        return result.message
+    if isinstance(result, DeltaSyncError) and result.__cause__ is None:
+        return str(result)  # the receiver answered (a connection failure is the cause of the others)
+    return None
 
 
 class _Clients:

@@ -130,8 +130,13 @@ async def test_a_failed_evaluation_is_logged_and_counted_and_training_goes_on(tm
     code, h, metrics, rows = await run_loop(tmp_path, StandInRouter(fail_evals=True), prompts=2, batch=1,
                                             total_steps=2, eval_interval=1)
     assert code == 0 and h.progress.steps_trained == 2
-    failed = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     # Evaluations at 0, 1 and 2; the last one was still running when the steps ended and was awaited.
-    assert sorted(failed) == [f"eval at step {s} failed: RuntimeError: engine http://127.0.0.1:1 answered 503" for s in (0, 1, 2)]
+    # Each one's only sample failed: logged with its row, and the evaluation failed for want of any.
+    rows_failed = [e for e in errors if e.startswith("eval: row 0 sample 0 failed, left out: RuntimeError: "
+                                                     "engine http://127.0.0.1:1 answered 503")]
+    assert len(rows_failed) == 3, errors
+    assert errors.count("eval failed: every one of its 1 samples failed (see above); no reward to report") == 3
     assert metrics["rollout/eval_errors"] == 3.0
+    assert [row["eval/failed_samples"] for row in rows if "eval/failed_samples" in row] == [1.0] * 3
     assert not any("eval/reward_mean" in row for row in rows)
