@@ -47,6 +47,13 @@ def test_router_cpus_is_a_taskset_list_of_this_machines_cpus():
             parse_cpu_list(bad)
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
+def test_a_client_pinned_to_other_cores_may_name_the_routers(monkeypatch):
+    # The GPU driver runs front_load.py pinned to the client's cores and gives the router others.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert parse_cpu_list("1") == {1}
+
+
 def test_a_bad_router_cpus_fails_before_anything_starts(capsys):
     with pytest.raises(SystemExit) as exit_info:
         front_load_main(["--router-cpus", "100000"])
