@@ -228,11 +228,12 @@ def run_argv(spec: RunSpec, args: argparse.Namespace, model: Path, data: Path, r
              threads: int) -> list[str]:
     # Room for every group the staleness bound admits (the default capacity of 64 groups would cap
     # staleness at 3 with 16 groups a step).
-    capacity = max(64, (spec.max_staleness + 2) * ROLLOUT_BATCH_SIZE)
+    capacity = max(64, (spec.max_staleness + 2) * args.rollout_batch_size)
     argv = _cli("train", "--config", str(QUICKSTART / "grpo.toml"),
                 "--hf-checkpoint", str(model), "--prompt-data", str(data / "train.jsonl"),
                 "--eval-prompt-data", str(data / "heldout.jsonl"), "--run-dir", str(run_dir),
                 "--num-rollout", str(args.steps), "--eval-interval", str(args.eval_interval),
+                "--rollout-batch-size", str(args.rollout_batch_size),
                 "--max-staleness", str(spec.max_staleness), "--buffer-capacity", str(capacity),
                 "--train-step-delay", str(args.train_delay), "--lr", str(args.lr),
                 "--seed", str(spec.seed), "--rollout-seed", str(spec.seed),
@@ -240,13 +241,14 @@ def run_argv(spec: RunSpec, args: argparse.Namespace, model: Path, data: Path, r
                 "--no-progress-bar", *CORRECTIONS[spec.correction])
     if args.num_steps_per_rollout > 1:
         # Each optimizer step's global batch must split into whole micro-batches (grpo.toml's are 128).
-        per_step = ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT // args.num_steps_per_rollout
+        per_step = args.rollout_batch_size * N_SAMPLES_PER_PROMPT // args.num_steps_per_rollout
         argv += ["--num-steps-per-rollout", str(args.num_steps_per_rollout), "--micro-batch-size", str(per_step)]
     return argv + list(args.extra)
 
 
 # The settings a finished run's numbers depend on: --resume reuses a run only when they match.
-_RESULT_SETTINGS = ("steps", "eval_interval", "lr", "num_steps_per_rollout", "train_delay", "sft_steps", "extra")
+_RESULT_SETTINGS = ("steps", "rollout_batch_size", "eval_interval", "lr", "num_steps_per_rollout", "train_delay",
+                    "sft_steps", "extra")
 
 
 def _settings_key(args: argparse.Namespace) -> dict:
@@ -330,8 +332,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 2, 8], help="values of --max-staleness")
     parser.add_argument("--corrections", nargs="+", default=DEFAULT_CORRECTIONS, choices=list(CORRECTIONS))
     parser.add_argument("--seeds", type=int, default=3, help="seeds per configuration (1, 2, ...)")
-    parser.add_argument("--steps", type=int, default=60, help=f"RL steps per run, each of "
-                        f"{ROLLOUT_BATCH_SIZE} x {N_SAMPLES_PER_PROMPT} samples (the same in every run)")
+    parser.add_argument("--steps", type=int, default=60, help=f"RL steps per run, each of --rollout-batch-size x "
+                        f"{N_SAMPLES_PER_PROMPT} samples (the same in every run)")
+    parser.add_argument("--rollout-batch-size", type=int, default=ROLLOUT_BATCH_SIZE,
+                        help=f"prompts per step (grpo.toml's {ROLLOUT_BATCH_SIZE})")
     parser.add_argument("--eval-interval", type=int, default=None, help="steps between evaluations (default steps / 6)")
     parser.add_argument("--lr", type=float, default=5e-4, help="learning rate (grpo.toml's 5e-4)")
     parser.add_argument("--num-steps-per-rollout", type=int, default=2, help="optimizer steps per rollout (the "
@@ -352,13 +356,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if args.out is None:
         parser.error("--out is required (or --summarize RESULTS_JSON ...)")
-    for name in ("seeds", "steps", "parallel", "num_steps_per_rollout"):
+    for name in ("seeds", "steps", "rollout_batch_size", "parallel", "num_steps_per_rollout"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.sft_steps < 0:
         parser.error(f"--sft-steps must be >= 0, got {args.sft_steps}")
-    if (ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT) % args.num_steps_per_rollout:
-        parser.error(f"--num-steps-per-rollout must divide the {ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT} "
+    if (args.rollout_batch_size * N_SAMPLES_PER_PROMPT) % args.num_steps_per_rollout:
+        parser.error(f"--num-steps-per-rollout must divide the {args.rollout_batch_size * N_SAMPLES_PER_PROMPT} "
                      f"samples of a rollout, got {args.num_steps_per_rollout}")
     if any(k < 0 for k in args.staleness):
         parser.error(f"--staleness values must be >= 0, got {args.staleness}")

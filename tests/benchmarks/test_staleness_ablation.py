@@ -70,19 +70,24 @@ def test_a_negative_train_step_delay_is_refused_naming_the_flag():
 @pytest.mark.slow
 def test_one_configuration_writes_the_table_and_the_json(tmp_path):
     out = tmp_path / "out"
+    # 2 prompts a step and 4 held-out prompts (a flag after --, passed to the run): the wiring, not the numbers.
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps({"prompt": f"reverse {n}:", "label": str(n)[::-1]}) + "\n"
+                               for n in (1234, 5678, 9012, 3456)))
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "staleness_ablation.py"), "--out", str(out), "--staleness", "1",
-         "--corrections", "tis", "--seeds", "1", "--steps", "2", "--eval-interval", "2", "--sft-steps", "0",
-         "--train-delay", "1.0"],
+         "--corrections", "tis", "--seeds", "1", "--steps", "2", "--rollout-batch-size", "2", "--eval-interval", "2",
+         "--sft-steps", "0", "--train-delay", "1.0", "--", "--eval-prompt-data", str(heldout)],
         capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "| 1 | tis |" in done.stdout
     assert "| 1 | tis |" in (out / "table.md").read_text()
     results = json.loads((out / "results.json").read_text())
     (run,) = results["runs"]
-    assert run["ok"] and run["trained_samples"] == 2 * 16 * 8
+    assert run["ok"] and run["trained_samples"] == 2 * 2 * 8
     assert [step for step, _ in run["evals"]] == [0, 2]
     # The injected delay reached the trainer: every train step took at least that long.
     metrics = [json.loads(line) for line in (out / "runs" / "k1-tis-s1" / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["eval/samples"] == 4 for m in metrics if "eval/samples" in m)
     train_times = [m["perf/train_time"] for m in metrics if "perf/train_time" in m]
     assert len(train_times) == 2 and min(train_times) >= 1.0
