@@ -1,8 +1,8 @@
 """End-to-end: crashes after a checkpoint lose nothing — by hand (`--load`) and by the run itself.
 
 Run A (`slime-async train`, CPU engine + Megatron CPU trainer, fully-async, 6 steps, a checkpoint
-every 2) is SIGKILLed, whole, as soon as its step-2 checkpoint exists, while generation and step
-3 are in flight. Run B resumes it with `--load`. After B's step-4 checkpoint its trainer rank is
+every 2) has its supervisor SIGKILLed (alone: what it started must die by itself) as soon as its
+step-2 checkpoint exists, while generation and step 3 are in flight. Run B resumes it with `--load`. After B's step-4 checkpoint its trainer rank is
 SIGKILLed: B restarts itself from that checkpoint (`--max-run-restarts`) and trains to step 6.
 Across both crashes every prompt the data cursor has passed is accounted for exactly once:
 trained, or still buffered or pending in the final checkpoint, in the dataset's own order.
@@ -113,10 +113,13 @@ def crash_and_resume(tmp_path_factory):
     crashed, tracker_a = start_run(train_argv(root, model, data, "a"), root / "run-a.log", env)
     wait_for_checkpoint(save, SAVE_INTERVAL, crashed, root / "run-a.log")
     tracker_a.scan()
-    os.killpg(crashed.pid, signal.SIGKILL)
+    helpers_a = checkpoint_helpers(tracker_a)
+    # The supervisor alone (not its group): every descendant, the checkpoint writer's helpers
+    # included, dies by a parent-death signal or its own parent watch (1 s), so within 10 s.
+    os.kill(crashed.pid, signal.SIGKILL)
     crashed.wait()
     latest = (save / "latest").read_text()
-    recorded_a, left_a = tracker_a.recorded(), tracker_a.wait_all_gone(30)
+    recorded_a, left_a = tracker_a.recorded(), tracker_a.wait_all_gone(10)
     tracker_a.stop()
 
     resumed, tracker_b = start_run(train_argv(root, model, data, "b", "--load", str(save)), root / "run-b.log", env)
@@ -126,7 +129,7 @@ def crash_and_resume(tmp_path_factory):
     assert ranks, "no trainer rank of run B found"
     # The processes the ranks started (megatron's checkpoint writer: a Manager, a resource tracker):
     # they must go too when their rank is killed.
-    helpers = [r for r in tracker_b.recorded() if r.alive() and _parent(r.pid) in ranks]
+    helpers = checkpoint_helpers(tracker_b)
     os.kill(ranks[0], signal.SIGKILL)
     assert resumed.wait(timeout=600) == 0, (root / "run-b.log").read_text()[-4000:]
     recorded_b, left_b = tracker_b.recorded(), tracker_b.wait_all_gone(10)
@@ -135,7 +138,8 @@ def crash_and_resume(tmp_path_factory):
         tracker.kill_survivors()  # so a failing check leaves nothing to the rest of the suite
     metrics = [json.loads(line) for line in (root / "b" / "metrics.jsonl").read_text().splitlines()]
     return {"root": root, "order": order, "never_ends": never_ends, "save": save, "latest": latest,
-            "recorded": {"a": recorded_a, "b": recorded_b}, "left": {"a": left_a, "b": left_b}, "helpers": helpers,
+            "recorded": {"a": recorded_a, "b": recorded_b}, "left": {"a": left_a, "b": left_b},
+            "helpers": {"a": helpers_a, "b": helpers},
             "log_b": (root / "run-b.log").read_text(), "metrics": [m for m in metrics if "train/version" in m]}
 
 
@@ -143,7 +147,8 @@ def test_no_process_a_run_started_outlives_a_kill_9_of_the_run_or_of_its_trainer
     # Every descendant recorded while the runs lived: engine, torchrun, ranks, checkpoint helpers.
     recorded = crash_and_resume["recorded"]
     assert any(is_trainer_rank(r.cmdline) for r in recorded["a"]) and any("actors.engine" in r.cmdline for r in recorded["a"])
-    assert crash_and_resume["helpers"], "the checkpoint writer started no helper process: nothing to test"
+    helpers = crash_and_resume["helpers"]
+    assert helpers["a"] and helpers["b"], "the checkpoint writer started no helper process: nothing to test"
     assert crash_and_resume["left"] == {"a": [], "b": []}
 
 
@@ -152,6 +157,12 @@ def _parent(pid: int) -> int | None:
         return psutil.Process(pid).ppid()
     except psutil.Error:
         return None
+
+
+def checkpoint_helpers(tracker: DescendantTracker) -> list:
+    """The live processes the trainer ranks started (megatron's checkpoint writer: a Manager, a resource tracker)."""
+    ranks = {r.pid for r in tracker.recorded() if is_trainer_rank(r.cmdline) and r.alive()}
+    return [r for r in tracker.recorded() if r.alive() and _parent(r.pid) in ranks]
 
 
 def test_the_resumed_run_continues_at_the_checkpointed_step_and_version(crash_and_resume):
