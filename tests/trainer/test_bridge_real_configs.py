@@ -2,7 +2,8 @@
 
 RoPE scaling (llama3, linear), Qwen's sliding-window fields with the window off, layer_types,
 token-id lists, dtype and tying are accepted and give HF logit parity at TP=1 and 2; fields
-that would change the numerics and are not mapped are refused by name.
+that would change the numerics and are not mapped are refused by name. The same launches check
+the parity of conftest's tiny archs (every arch the bridge maps, both attentions).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from actors.megatron.bridge import gpt_model_args_from_hf, rope_inv_freq, transformer_config_from_hf
-from conftest import run_torchrun
+from conftest import TINY_CONFIGS, run_torchrun
 
 # config.json of the hub checkpoints as published (weights not needed: only the config is read).
 HUB_CONFIGS: dict[str, dict] = {
@@ -192,27 +193,40 @@ def test_llama3_frequencies_equal_megatrons_own_scaling_for_llama31_constants(tm
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=lambda tp: f"tp{tp}")
-def parity(request, tiny_dirs, tmp_path_factory) -> dict:
-    """Logit comparisons for every tiny checkpoint and attention at one TP size (one torchrun launch)."""
+def parity(request, tiny_dirs, tiny_hf_dirs, tmp_path_factory) -> dict:
+    """Logit comparisons for every tiny checkpoint here and every conftest tiny arch ("arch:NAME"),
+    both attentions, at one TP size: one torchrun launch for both sets (its start-up is most of it)."""
     out = tmp_path_factory.mktemp("parity") / "parity.json"
     models = [f"--model={name}={path}" for name, path in tiny_dirs.items()]
+    models += [f"--model=arch:{arch}={path}" for arch, path in tiny_hf_dirs.items()]
     run_torchrun("hf_logit_parity.py", request.param, *models, f"--out={out}", timeout=300)
     return json.loads(out.read_text())
+
+
+def assert_parity(result: dict) -> None:
+    assert result["shape"] == result["expected_shape"]
+    # Random weights are drawn large, so logits are far from flat and a mapping error shows.
+    assert result["logit_std"] > 0.5
+    assert result["max_abs_diff"] < 1e-5, f"max |Δ| = {result['max_abs_diff']:.3g} ({result})"
+
+
+@pytest.mark.timeout(330)
+@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("arch", sorted(TINY_CONFIGS))
+def test_megatron_logits_of_every_tiny_arch_equal_transformers_within_1e_5(parity, arch, attention):
+    assert_parity(parity[f"arch:{arch}/{attention}"])
 
 
 @pytest.mark.timeout(330)
 @pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("name", sorted(TINY_CHECKPOINTS))
 def test_megatron_logits_equal_transformers_within_1e_5(parity, name, attention):
-    result = parity[f"{name}/{attention}"]
-    assert result["shape"] == result["expected_shape"]
-    assert result["logit_std"] > 0.5
-    assert result["max_abs_diff"] < 1e-5, f"max |Δ| = {result['max_abs_diff']:.3g} ({result})"
+    assert_parity(parity[f"{name}/{attention}"])
 
 
 @pytest.mark.parametrize("name", SCALED)
 def test_rope_scaling_changes_the_parity_sequences_logits_far_beyond_the_tolerance(name, tiny_dirs):
-    # Megatron's unscaled RoPE equals HF's (test_bridge.py), so a bridge that ignored the
+    # Megatron's unscaled RoPE equals HF's (the tiny archs' parity above), so a bridge that ignored the
     # scaling would miss the parity above by this much.
     scaled = AutoModelForCausalLM.from_pretrained(tiny_dirs[name], dtype=torch.float32, attn_implementation="eager")
     config = AutoConfig.from_pretrained(tiny_dirs[name])
