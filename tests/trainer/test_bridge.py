@@ -22,14 +22,11 @@ def _load_dir(path: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def exported(tiny_hf_dirs, tmp_path_factory) -> dict[str, Path]:
-    """arch -> HF checkpoint exported by save_hf_checkpoint after loading at TP=2."""
-    out = {}
-    for arch in ("qwen2", "qwen3"):  # tied + padded vocab + qkv bias; untied + qk-norm
-        out[arch] = tmp_path_factory.mktemp(f"export_{arch}")
-        run_torchrun(
-            "hf_export.py", 2, f"--hf-dir={tiny_hf_dirs[arch]}", f"--out-dir={out[arch]}",
-            "--bucket-bytes=20000", timeout=300,
-        )
+    """arch -> HF checkpoint exported by save_hf_checkpoint after loading at TP=2 (one launch for both)."""
+    out = {arch: tmp_path_factory.mktemp(f"export_{arch}") for arch in ("qwen2", "qwen3")}
+    # qwen2: tied + padded vocab + qkv bias; qwen3: untied + qk-norm
+    pairs = [flag for arch, path in out.items() for flag in (f"--hf-dir={tiny_hf_dirs[arch]}", f"--out-dir={path}")]
+    run_torchrun("hf_export.py", 2, *pairs, "--bucket-bytes=20000", timeout=300)
     return out
 
 
