@@ -62,13 +62,15 @@ def test_the_external_engine_takes_the_owned_engines_sglang_flags_and_the_run_dr
 def test_an_external_cpu_engine_restarted_on_its_port_completes_with_no_prompt_lost_or_repeated(tmp_path, tiny_run):
     _, _, flags = tiny_run
     out = tmp_path / "out"
-    assert main(["--out", str(out), "--faults", "restart-external-engine", "--steps", "3", "--fault-after", "1",
+    assert main(["--out", str(out), "--faults", "restart-external-engine", "--steps", "4", "--fault-after", "1",
                  "--timeout", "400", "--external-engine", "cpu", "--", *flags]) == 0
     row = json.loads((out / "chaos.jsonl").read_text())
     log = (out / "restart-external-engine.log").read_text()
     assert row["outcome"] == "completes", log[-3000:]
-    assert (row["steps_trained"], row["prompts_lost"], row["prompts_repeated"]) == (3, 0, 0)
-    assert row["recover_s"] > 0 and row["injected_at_step"] == 1
+    assert (row["steps_trained"], row["prompts_lost"], row["prompts_repeated"]) == (4, 0, 0)
+    # The driver polls for step 1's row and kills then: a fast step 2 may land first. What matters is that the
+    # kill hit while the run still had steps to train.
+    assert row["recover_s"] > 0 and 1 <= row["injected_at_step"] < 4
     assert "engines (external): http://127.0.0.1:" in log  # the driver's engine, not one the run started
     engine_log = (out / "restart-external-engine.engine.log").read_text()
     assert engine_log.count("--- start ") == 2  # started, killed, started again (on the same port)
