@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from policies.opd import ENGINE_TEACHER_TEMPERATURE, teacher_temperature
 from slime_async.config.tokenizer_match import require_same_tokenizer
 
 if TYPE_CHECKING:
@@ -50,6 +49,9 @@ def check_opd(config: RunConfig) -> None:
     if engine.opd_teacher_hf_checkpoint and config.train.colocate:
         raise ValueError("--opd-teacher-hf-checkpoint with --colocate: the teacher engine has no device of its own "
                          "to release (not supported); give --opd-teacher-url")
+    # policies.opd imports torch: here, not at module level, so `train --help` stays light.
+    from policies.opd import ENGINE_TEACHER_TEMPERATURE, teacher_temperature
+
     if teacher_temperature(config.rollout.logprob_temperature) != ENGINE_TEACHER_TEMPERATURE:
         raise ValueError(f"--opd-type sglang with --rollout-temperature {config.rollout.rollout_temperature}: OPD "
                          "compares student and teacher at the rollout temperature, and an engine teacher scores at "

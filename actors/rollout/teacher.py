@@ -77,14 +77,16 @@ class TeacherScorer:
             self.stats.seconds += time.monotonic() - started
 
     def take(self) -> dict[str, float]:
-        """``rollout/opd_*`` metrics since the last call."""
+        """``rollout/opd_*`` metrics since the last call. The per-sample time and the scored fraction
+        are left out of a window in which the teacher scored nothing (fully-async can train a step
+        on groups scored before the previous one): a ratio of nothing is not 0."""
         stats, self.stats = self.stats, TeacherStats()
-        return {
-            "rollout/opd_teacher_time": stats.seconds,
-            "rollout/opd_teacher_time_per_sample": stats.seconds / stats.samples if stats.samples else 0.0,
-            "rollout/opd_scored_fraction": stats.scored_tokens / stats.model_tokens if stats.model_tokens else 0.0,
-            "rollout/opd_teacher_errors": float(self.total_errors),
-        }
+        out = {"rollout/opd_teacher_time": stats.seconds, "rollout/opd_teacher_errors": float(self.total_errors)}
+        if stats.samples:
+            out["rollout/opd_teacher_time_per_sample"] = stats.seconds / stats.samples
+        if stats.model_tokens:
+            out["rollout/opd_scored_fraction"] = stats.scored_tokens / stats.model_tokens
+        return out
 
     async def close(self) -> None:
         await self.client.close()

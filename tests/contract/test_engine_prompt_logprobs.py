@@ -109,3 +109,5 @@ async def test_the_opd_teacher_scorer_gets_the_response_tokens_logprobs(engine_u
     metrics = scorer.take()
     assert metrics["rollout/opd_scored_fraction"] == pytest.approx(3 / 4)
     assert metrics["rollout/opd_teacher_errors"] == 1.0 and metrics["rollout/opd_teacher_time"] > 0
+    # Nothing scored since: no ratio of nothing (it is not 0), the error count stays.
+    assert scorer.take() == {"rollout/opd_teacher_time": 0.0, "rollout/opd_teacher_errors": 1.0}
