@@ -183,8 +183,11 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         teacher_url, api_key=config.engine.engine_api_key, timeout=config.engine.engine_request_timeout)
 
     async def start_rollout():
+        vocab_size = _vocab_size(config)
+        if teacher is not None:
+            await teacher.read_vocabulary(fallback=vocab_size)
         rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
-                               tokenizer=tokenizer, vocab_size=_vocab_size(config),
+                               tokenizer=tokenizer, vocab_size=vocab_size,
                                plugin_settings=flatten_config(config), trace=trace, teacher=teacher)
         # Hooks reach the router's HTTP front here (OpenAI-client agents, slime-style plug-ins).
         rollout.ctx.router_url = await child("router").ask("front_url")

@@ -26,6 +26,7 @@ from slime_async.generate_output import GenerateOutput, parse_generate_output
 from slime_async.generation import MAX_ABORTS, Completion, CompletionSpec, GenerationFailed, complete
 from slime_async.routed_experts import RoutedLayout
 from slime_async.sample import Sample, Status, policy_version
+from slime_async.token_ids import out_of_vocabulary
 from slime_async.trace import TraceRecorder
 from slime_async.trajectory import to_samples
 
@@ -107,11 +108,10 @@ class GenerateContext:
     async def _ask(self, input_ids: list[int], sampling_params: dict[str, Any], *, session_id: str | None,
                    trace_args: dict[str, Any] | None, return_routed_experts: bool = False) -> dict[str, Any]:
         """One request through the router: SGLang's answer dict."""
-        # SGLang does not check ids against the vocabulary and its scheduler dies on one that is
-        # out of range: a hook's bad token must fail this sample, not an engine.
-        vocab = self.vocab_size
-        if vocab is not None and input_ids and not 0 <= min(input_ids) <= max(input_ids) < vocab:
-            raise GenerationFailed(f"input_ids hold a token id outside the vocabulary [0, {vocab})")
+        # A hook's bad token must fail this sample, not kill an engine (slime_async/token_ids.py).
+        problem = out_of_vocabulary(input_ids, self.vocab_size)
+        if problem:
+            raise GenerationFailed(problem)
         # No timeout here: a request waits in the router while weights sync, and the router
         # bounds each engine call itself (--router-request-timeout / --engine-request-timeout).
         routed = {"return_routed_experts": True} if return_routed_experts else {}

@@ -8,19 +8,23 @@ serves the prompt that a group's samples share — while other samples still gen
 teacher's cost overlaps generation. The answer's ``input_token_logprobs`` tail becomes
 ``Sample.teacher_logprobs`` (one per response token; the loss mask decides which count).
 
-A sample the teacher cannot score (its engine failed past the client's retries) keeps
-``teacher_logprobs`` None: it trains without the OPD term and counts as unscored.
+A sample the teacher cannot score (its engine failed past the client's retries, or it holds an id
+outside the teacher's vocabulary, which is never sent) keeps ``teacher_logprobs`` None: it trains
+without the OPD term and counts as unscored.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from policies.opd import ENGINE_TEACHER_TEMPERATURE, teacher_response_logprobs
 from slime_async.engine_client import EngineClient, EngineError
 from slime_async.sample import Sample
+from slime_async.token_ids import out_of_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +48,29 @@ class TeacherStats:
 class TeacherScorer:
     """Scores samples on one teacher engine (owned or external) through its SGLang API."""
 
-    def __init__(self, url: str, *, api_key: str | None = None, timeout: float | None = None):
+    def __init__(self, url: str, *, vocab_size: int | None = None, api_key: str | None = None,
+                 timeout: float | None = None):
         self.url = url
+        # The teacher's vocabulary: a student's id outside it is never sent (it would kill an SGLang
+        # teacher: slime_async/token_ids.py); such a sample is counted as an error, unscored.
+        self.vocab_size = vocab_size
         self.client = EngineClient(url, api_key=api_key, timeout=timeout)
         self.stats = TeacherStats()
         self.total_errors = 0
+
+    async def read_vocabulary(self, fallback: int | None) -> None:
+        """Learn the teacher's vocabulary size from the ``config.json`` of the model its engine
+        serves (``/model_info`` names the path); where that is not readable here, ``fallback`` (the
+        student's: the teacher shares its tokenizer), said once in the log."""
+        path = None
+        try:
+            path = (await self.client.get_model_info()).get("model_path")
+            config = json.loads((Path(path) / "config.json").read_text())
+            self.vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
+        except (EngineError, OSError, KeyError, TypeError, ValueError) as error:
+            self.vocab_size = fallback
+            log.warning("opd teacher %s: its vocabulary is not readable here (model %s: %s); sample tokens are "
+                        "checked against the student's, [0, %s)", self.url, path, error, fallback)
 
     async def score(self, sample: Sample) -> None:
         """Set ``sample.teacher_logprobs`` from the teacher's logprobs of its response tokens."""
@@ -61,6 +83,9 @@ class TeacherScorer:
         prompt_length = len(sample.tokens) - sample.response_length
         started = time.monotonic()
         try:
+            problem = out_of_vocabulary(sample.tokens, self.vocab_size, "tokens")
+            if problem:
+                raise ValueError(f"not sent: {problem} (the teacher's)")
             answer = await self.client.generate(sample.tokens, dict(SCORING_PARAMS), return_logprob=True,
                                                 logprob_start_len=max(prompt_length - 1, 0))
             entries = answer["meta_info"]["input_token_logprobs"]

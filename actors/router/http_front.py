@@ -185,7 +185,7 @@ class HttpFront:
             prompts[prompt_text] = self._prompt_ids(session, prompt_text, self.model.encode_prompt)
             return prompts[prompt_text][0]
 
-        items, is_batch, stream = parse_generate(body, encode)
+        items, is_batch, stream = parse_generate(body, encode, self.model.vocab_size)
         chunk = self.config.router_chunk_tokens
         for item in items:
             if item.spec.stop or stream:
@@ -284,7 +284,7 @@ class HttpFront:
     # ----- OpenAI /v1/completions ---------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         session = self._session(request)
-        parsed = parse_completions(await read_json(request, OpenAIError))
+        parsed = parse_completions(await read_json(request, OpenAIError), self.model.vocab_size)
         sampling, n = parsed.sampling, parsed.sampling.n
         prompts, texts, parents = [], [], []
         for prompt in parsed.prompts:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from actors.router.completion import Completion, CompletionSpec
 from slime_async.engine_client import check_sampling_params
 from slime_async.generate_request import per_request
+from slime_async.token_ids import out_of_vocabulary
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 
@@ -43,8 +44,10 @@ class NativeItem:
     return_logprob: bool
 
 
-def parse_generate(body: Any, encode: Callable[[str], list[int]]) -> tuple[list[NativeItem], bool, bool]:
-    """``(items, is_batch, stream)``; a prompt with ``sampling_params.n`` > 1 gives n items."""
+def parse_generate(body: Any, encode: Callable[[str], list[int]],
+                   vocab_size: int | None = None) -> tuple[list[NativeItem], bool, bool]:
+    """``(items, is_batch, stream)``; a prompt with ``sampling_params.n`` > 1 gives n items. A
+    token id outside ``vocab_size`` is refused here: it would kill an SGLang engine."""
     if not isinstance(body, dict):
         raise NativeError("request body must be a JSON object")
     unknown = sorted(set(body) - _FIELDS)
@@ -58,8 +61,12 @@ def parse_generate(body: Any, encode: Callable[[str], list[int]]) -> tuple[list[
         is_batch = isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], list)
         prompts = prompts if is_batch else [prompts]
         for i, ids in enumerate(prompts):
+            name = f"input_ids[{i}]" if is_batch else "input_ids"
             if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                raise NativeError(f"input_ids{f'[{i}]' if is_batch else ''} must be a non-empty list of token ids")
+                raise NativeError(f"{name} must be a non-empty list of token ids")
+            problem = out_of_vocabulary(ids, vocab_size, name)
+            if problem:
+                raise NativeError(problem)
     elif body.get("text") is not None:
         text = body["text"]
         is_batch = isinstance(text, list)

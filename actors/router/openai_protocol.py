@@ -17,6 +17,7 @@ from typing import Any
 
 from actors.router.completion import Completion
 from actors.router.tool_calls import MessageError, ToolCall, template_messages
+from slime_async.token_ids import out_of_vocabulary
 
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat's top_logprobs (and Responses')
@@ -105,7 +106,8 @@ def parse_chat(body: Any) -> ChatRequest:
                        tool_choice if use_tools else "none")
 
 
-def parse_completions(body: Any) -> CompletionsRequest:
+def parse_completions(body: Any, vocab_size: int | None = None) -> CompletionsRequest:
+    """A token-id prompt outside ``vocab_size`` is refused here: it would kill an SGLang engine."""
     body = _object(body)
     prompt = body.get("prompt")
     if isinstance(prompt, str) or _is_ids(prompt):
@@ -114,6 +116,11 @@ def parse_completions(body: Any) -> CompletionsRequest:
         prompts = list(prompt)
     else:
         raise OpenAIError("prompt must be a string, a list of strings, or token ids", param="prompt")
+    for i, ids in enumerate(prompts):
+        name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        problem = None if isinstance(ids, str) else out_of_vocabulary(ids, vocab_size, name)
+        if problem:
+            raise OpenAIError(problem, param="prompt")
     for name in ("suffix",):
         if body.get(name):
             raise OpenAIError(f"{name} is not supported", param=name)

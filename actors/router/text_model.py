@@ -21,6 +21,7 @@ class TextModel:
     tokenizer: Any
     name: str
     context_len: int | None = None  # max_position_embeddings; None = let the engine decide
+    vocab_size: int | None = None  # a client's token ids are checked against it (slime_async/token_ids.py)
     tool_parser: ToolParser = "hermes"
     # --use-rollout-routing-replay: the MoE layout; recorded sessions' turns then carry routed experts
     routed_layout: Any = None
@@ -40,7 +41,7 @@ class TextModel:
         if tool_parser not in ("hermes", "llama3_json", "none"):
             raise ValueError(f"--router-tool-parser must be auto, hermes, llama3_json or none, got {tool_parser!r}")
         return cls(tokenizer=tokenizer, name=served_name or path.name, context_len=config.get("max_position_embeddings"),
-                   tool_parser=tool_parser)  # type: ignore[arg-type]
+                   vocab_size=config.get("vocab_size"), tool_parser=tool_parser)  # type: ignore[arg-type]
 
     def encode(self, text: str) -> list[int]:
         """Rendered chat text: the template already wrote any BOS."""

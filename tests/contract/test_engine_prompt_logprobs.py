@@ -2,12 +2,15 @@
 scores a student's sample (on-policy distillation). Same engines as test_engine_protocol.py.
 
 SGLang 0.5.17's layout: ``[logprob, token_id, null]`` per input position from
-``logprob_start_len`` on, the first logprob null; ``logprob_start_len`` -1 (the default) gives the
-last input position only, or nothing when ``max_new_tokens`` is 0; ``max_new_tokens`` 0 returns no
-output token (finish_reason length 0).
+``logprob_start_len`` on, the first logprob null; ``logprob_start_len`` -1 (the default) or the
+input's length gives no input entry, generating or not; past the input the request is refused;
+``max_new_tokens`` 0 returns no output token (finish_reason length 0). Measured against SGLang on a
+GPU: benchmarks/gpu/results/sglang_input_contract/.
 """
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
@@ -77,20 +80,25 @@ async def test_a_cached_prefix_does_not_hide_the_positions_asked_for(client, hf_
     assert values == pytest.approx(forward_logprobs(hf_model, PROMPT + [5, 6]), abs=engine_under_test.logprob_atol)
 
 
-async def test_default_start_gives_the_last_input_token_only_when_generating(client):
+async def test_the_default_start_gives_no_input_entry_generating_or_not(client):
     answer = await score(client, PROMPT, None, max_new_tokens=2)
-    assert answer["meta_info"]["input_token_logprobs"] == [[None, PROMPT[-1], None]]
+    assert answer["meta_info"]["input_token_logprobs"] == []
     assert len(answer["output_ids"]) == 2
     prefill_only = await score(client, PROMPT, None)
     assert prefill_only["meta_info"]["input_token_logprobs"] == []
 
 
-async def test_a_start_past_the_input_is_refused_naming_the_field(client):
+async def test_a_start_at_the_input_length_gives_no_entry_and_past_it_is_refused(client):
+    at_end = await score(client, PROMPT, len(PROMPT), max_new_tokens=1)
+    assert at_end["meta_info"]["input_token_logprobs"] == [] and len(at_end["output_ids"]) == 1
+    last = await score(client, PROMPT, len(PROMPT) - 1)
+    assert last["meta_info"]["input_token_logprobs"] == [[None, PROMPT[-1], None]]
     with pytest.raises(EngineHTTPError, match="logprob_start_len"):
-        await score(client, PROMPT, len(PROMPT), max_new_tokens=1)
+        await score(client, PROMPT, len(PROMPT) + 1, max_new_tokens=1)
 
 
-async def test_the_opd_teacher_scorer_gets_the_response_tokens_logprobs(engine_under_test, hf_model, vocab_size):
+async def test_the_opd_teacher_scorer_gets_the_response_tokens_logprobs(engine_under_test, client, hf_model,
+                                                                        vocab_size, caplog):
     # What the rollout does with a teacher engine (actors/rollout/teacher.py), here on this engine.
     response = [5, 6, 7]
     sample = Sample(group_index=0, index=0, tokens=PROMPT + response, response_length=3, loss_mask=[1, 1, 1],
@@ -99,8 +107,14 @@ async def test_the_opd_teacher_scorer_gets_the_response_tokens_logprobs(engine_u
                     rollout_logprobs=[0.0], token_versions=[0])
     scorer = TeacherScorer(engine_under_test.url, api_key=engine_under_test.api_key)
     try:
+        await scorer.read_vocabulary(fallback=None)  # from the config.json of the model the engine serves
+        assert scorer.vocab_size == vocab_size
         await scorer.score(sample)
-        await scorer.score(broken)  # the engine refuses the id: counted, the sample trains without the term
+        with caplog.at_level(logging.WARNING, logger="actors.rollout.teacher"):
+            # An id past the vocabulary kills an SGLang scheduler: never sent; counted, trains without the term.
+            await scorer.score(broken)
+        assert f"not sent: tokens[{len(PROMPT)}]={vocab_size + 5} is outside the vocabulary" in caplog.text
+        assert await client.health_generate()
     finally:
         await scorer.close()
     expected = forward_logprobs(hf_model, PROMPT + response)[-3:]

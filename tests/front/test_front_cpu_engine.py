@@ -117,6 +117,22 @@ async def test_generate_honours_a_text_stop_string_with_and_without_no_stop_trim
     assert trimmed["text"] == full[:full.find(stop)]
 
 
+async def test_token_ids_outside_the_vocabulary_are_refused_by_the_front_naming_the_id(cpu_engine, start_front,
+                                                                                      text_model):
+    # SGLang 0.5.17 does not check them and its scheduler dies on one (slime_async/token_ids.py); the
+    # messages name the position in the client's request, so they come from the front, not the engine.
+    _, url = await start_front([cpu_engine], text_model)
+    vocab = text_model.vocab_size
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match=rf"prompt\[1\]={vocab} is outside the vocabulary \[0, {vocab}\)"):
+        await client.completions.create(model=text_model.name, prompt=[5, vocab], max_tokens=2)
+    async with aiohttp.ClientSession() as http:
+        body = {"input_ids": [[5, 6], [7, -1]], "sampling_params": {"max_new_tokens": 2}}
+        async with http.post(url + "/generate", json=body) as response:
+            message = (await response.json())["error"]["message"]
+            assert response.status == 400 and message == f"input_ids[1][1]=-1 is outside the vocabulary [0, {vocab})"
+
+
 async def test_completions_and_models(cpu_engine, start_front, text_model):
     _, url = await start_front([cpu_engine], text_model, router_served_model_name="tiny-qwen")
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.engine.cpu import routed_experts
 from slime_async.generate_request import per_request
+from slime_async.token_ids import out_of_vocabulary
 
 if TYPE_CHECKING:  # avoid a runtime cycle: the scheduler imports SamplingParams from here
     from actors.engine.cpu.scheduler import Request
@@ -135,8 +136,11 @@ def validate_input_ids(input_ids: Any, vocab_size: int, context_len: int) -> lis
     if not isinstance(input_ids, list) or not input_ids:
         raise ValueError("input_ids must be a non-empty list of token ids")
     for i, token in enumerate(input_ids):
-        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab_size:
-            raise ValueError(f"input_ids[{i}]={token!r} is outside the vocabulary [0, {vocab_size})")
+        if not isinstance(token, int) or isinstance(token, bool):
+            raise ValueError(f"input_ids[{i}]={token!r} is not a token id")
+    problem = out_of_vocabulary(input_ids, vocab_size)  # SGLang would die on it (slime_async/token_ids.py)
+    if problem:
+        raise ValueError(problem)
     if len(input_ids) >= context_len:
         raise ValueError(
             f"the input ({len(input_ids)} tokens) is longer than the model's context length ({context_len} tokens)"
@@ -160,19 +164,18 @@ class GenerateItem:
 
     def __post_init__(self) -> None:
         if self.logprob_start_len is None:
-            self.logprob_start_len = resolve_logprob_start_len(-1, self.return_logprob, len(self.input_ids),
-                                                               self.params.max_new_tokens)
+            self.logprob_start_len = resolve_logprob_start_len(-1, self.return_logprob, len(self.input_ids))
 
 
-def resolve_logprob_start_len(requested: int, return_logprob: bool, n_input: int, max_new_tokens: int) -> int:
+def resolve_logprob_start_len(requested: int, return_logprob: bool, n_input: int) -> int:
     """SGLang 0.5.17's scheduler (handle_generate_request): -1 (the default) or no return_logprob
-    means "output tokens only", which it sets to the last input position (one input entry, its
-    logprob null), or past the input for a prefill-only request (max_new_tokens 0: no entry at
-    all). An explicit start must lie inside the input; SGLang aborts the request otherwise, with
-    this message."""
+    means "output tokens only", which it sets past the input (no input entry at all, generating or
+    not; measured on the GPU, benchmarks/gpu/results/sglang_input_contract/). An explicit start may be
+    anywhere up to the input's length (== length: no input entry); past it SGLang aborts the request
+    with this message. Below -1 SGLang does not check (not measured what it does): refused here."""
     if requested == -1 or not return_logprob:
-        return n_input if max_new_tokens == 0 else n_input - 1
-    if requested < -1 or requested > n_input or (requested == n_input and max_new_tokens != 0):
+        return n_input
+    if requested < -1 or requested > n_input:
         raise ValueError(f"req.logprob_start_len={requested} is higher than the number of input tokens "
                          f"len(req.origin_input_ids)={n_input}. Please use a smaller logprob_start_len.")
     return requested
@@ -210,8 +213,7 @@ def parse_generate(
             params = SamplingParams.from_json(sampling[i])
             if isinstance(starts[i], bool):
                 raise ValueError(f"logprob_start_len must be int, got {starts[i]!r}")
-            start = resolve_logprob_start_len(-1 if starts[i] is None else starts[i], bool(logprob_flags[i]),
-                                              len(ids), params.max_new_tokens)
+            start = resolve_logprob_start_len(-1 if starts[i] is None else starts[i], bool(logprob_flags[i]), len(ids))
         except ValueError as exc:
             raise BadRequest(where + str(exc)) from exc
         top = top_nums[i] or 0

@@ -96,8 +96,7 @@ class Request:
         if self.params.sampling_seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.sampling_seed)
         if self.logprob_start_len is None:
-            self.logprob_start_len = resolve_logprob_start_len(-1, self.return_logprob, len(self.input_ids),
-                                                               self.params.max_new_tokens)
+            self.logprob_start_len = resolve_logprob_start_len(-1, self.return_logprob, len(self.input_ids))
 
     @property
     def wants_input_logprobs(self) -> bool:
