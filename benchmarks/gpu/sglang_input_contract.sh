@@ -3,7 +3,8 @@
 # prompt-logprob contract (tests/contract/test_engine_prompt_logprobs.py, the OPD teacher scorer
 # included) against a real server on a tiny Qwen2, then benchmarks/gpu/probe_sglang_input.py's
 # raw answers (its last request, an out-of-vocabulary id, kills the server: that is the point).
-# Calls: b1 (carry .gpu-wheels/b1), run (carry .gpu-wheels/b2 .gpu-wheels/b6), within 30 s.
+# Calls: b1 (carry .gpu-wheels/b1), run (carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b6 .gpu-wheels/b7:
+# SGLang, then pytest-asyncio and the test's other packages), within 30 s.
 # $OUT: contract.txt, probe.txt, sglang.log.
 set -uo pipefail
 source benchmarks/gpu/common.sh
@@ -11,6 +12,7 @@ case ${1:?phase: b1 or run} in
 b1) mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L ;;
 run)
   install_sglang
+  pipi .gpu-wheels/b3/*.whl .gpu-wheels/b7/*.whl
   python3 -m examples.models.tiny --out /tmp/tinyd | tail -1
   launch_sglang /tmp/tinyd 30200 0.2 "$OUT/sglang.log"
   elapsed "$(wait_sglang http://127.0.0.1:30200 400 $!)"
