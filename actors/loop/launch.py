@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 from actors.buffer import BufferActor
 from actors.critic.config import critic_checkpoint, critic_trainer_config
 from actors.engine.fleet import build_fleet, build_teacher
+from actors.loop.opd_config import served_model_dir
 from actors.loop.placement import export_dir_check, in_cluster
 from actors.loop.run_checkpoint import RunCheckpointer, checkpoint_directory, latest_checkpoint, read_run_state
 from actors.loop.critic import uses_critic
@@ -112,10 +114,22 @@ def _load_tokenizer(config: RunConfig):
     return AutoTokenizer.from_pretrained(config.trainer.hf_checkpoint)
 
 
-def _vocab_size(config: RunConfig) -> int | None:
+def _vocab_size(model_dir: str | Path) -> int | None:
     from transformers import AutoConfig
 
-    return getattr(AutoConfig.from_pretrained(config.trainer.hf_checkpoint), "vocab_size", None)
+    return getattr(AutoConfig.from_pretrained(str(model_dir)), "vocab_size", None)
+
+
+async def _teacher_vocab_size(config: RunConfig, teacher_url: str, student_vocab: int | None) -> int | None:
+    """The engine teacher's vocabulary: from its model directory (owned, or the one an external
+    teacher's /model_info names when readable here), else the student's (it shares the tokenizer)."""
+    teacher_dir = config.engine.opd_teacher_hf_checkpoint or await asyncio.to_thread(
+        served_model_dir, teacher_url, config.engine.engine_api_key)
+    if teacher_dir is None:
+        log.warning("opd teacher %s: the model it serves is not readable here; sample tokens are checked against "
+                    "the student's vocabulary [0, %s)", teacher_url, student_vocab)
+        return student_vocab
+    return _vocab_size(teacher_dir)
 
 
 def _dataset(config: RunConfig, path: str, tokenizer, *, shuffle: bool, num_epoch: int) -> PromptDataset:
@@ -179,13 +193,11 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             colocate=config.train.colocate, trace=trace,
             hold_dir=Path(config.train.debug_hold_weight_sync) if config.train.debug_hold_weight_sync else None))))
 
-    teacher = None if teacher_url is None else TeacherScorer(
-        teacher_url, api_key=config.engine.engine_api_key, timeout=config.engine.engine_request_timeout)
-
     async def start_rollout():
-        vocab_size = _vocab_size(config)
-        if teacher is not None:
-            await teacher.read_vocabulary(fallback=vocab_size)
+        vocab_size = _vocab_size(config.trainer.hf_checkpoint)
+        teacher = None if teacher_url is None else TeacherScorer(
+            teacher_url, vocab_size=await _teacher_vocab_size(config, teacher_url, vocab_size),
+            api_key=config.engine.engine_api_key, timeout=config.engine.engine_request_timeout)
         rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
                                tokenizer=tokenizer, vocab_size=vocab_size,
                                plugin_settings=flatten_config(config), trace=trace, teacher=teacher)

@@ -9,6 +9,8 @@ the rollout calls either).
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,14 +61,32 @@ def check_opd(config: RunConfig) -> None:
                          "or --rollout-temperature 1")
 
 
+def served_model_dir(url: str, api_key: str | None = None, timeout: float = 10.0) -> Path | None:
+    """The HF directory an engine at ``url`` serves (SGLang's ``/model_info`` names it) when it is
+    readable here; None when it is not, or the engine does not answer (checked nowhere then)."""
+    request = urllib.request.Request(url.rstrip("/") + "/model_info",
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            path = Path(json.loads(answer.read())["model_path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return path if (path / "config.json").is_file() else None
+
+
 def preflight_opd(config: RunConfig) -> None:
-    """The teacher directory shares the student's tokenizer (an external teacher's is not
-    checked: its files are not ours to read)."""
+    """The teacher directory shares the student's tokenizer (an external teacher's when the model
+    it serves is readable here)."""
     spec = config.algorithm
     if not spec.use_opd or not config.trainer.hf_checkpoint:
         return
     from slime_async.config.paths import require_hf_model_dir
 
+    if spec.opd_type == "sglang" and config.engine.opd_teacher_url:
+        served = served_model_dir(config.engine.opd_teacher_url, config.engine.engine_api_key)
+        if served is not None:
+            require_same_tokenizer(config.trainer.hf_checkpoint, str(served), "--opd-teacher-url")
+        return
     if spec.opd_type == "sglang" and config.engine.opd_teacher_hf_checkpoint:
         teacher, flag = config.engine.opd_teacher_hf_checkpoint, "--opd-teacher-hf-checkpoint"
     elif spec.opd_type == "megatron":

@@ -15,11 +15,9 @@ without the OPD term and counts as unscored.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from policies.opd import ENGINE_TEACHER_TEMPERATURE, teacher_response_logprobs
 from slime_async.engine_client import EngineClient, EngineError
@@ -57,20 +55,6 @@ class TeacherScorer:
         self.client = EngineClient(url, api_key=api_key, timeout=timeout)
         self.stats = TeacherStats()
         self.total_errors = 0
-
-    async def read_vocabulary(self, fallback: int | None) -> None:
-        """Learn the teacher's vocabulary size from the ``config.json`` of the model its engine
-        serves (``/model_info`` names the path); where that is not readable here, ``fallback`` (the
-        student's: the teacher shares its tokenizer), said once in the log."""
-        path = None
-        try:
-            path = (await self.client.get_model_info()).get("model_path")
-            config = json.loads((Path(path) / "config.json").read_text())
-            self.vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
-        except (EngineError, OSError, KeyError, TypeError, ValueError) as error:
-            self.vocab_size = fallback
-            log.warning("opd teacher %s: its vocabulary is not readable here (model %s: %s); sample tokens are "
-                        "checked against the student's, [0, %s)", self.url, path, error, fallback)
 
     async def score(self, sample: Sample) -> None:
         """Set ``sample.teacher_logprobs`` from the teacher's logprobs of its response tokens."""

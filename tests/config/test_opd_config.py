@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from actors.engine.cpu.local import start_local_engine, stop_local_engine
 from actors.loop.cli import COMMANDS
 from actors.loop.run_config import parse_run_config
 from examples.models.tiny import build_tiny_model, generate_corpus
@@ -68,6 +69,22 @@ def test_a_teacher_with_another_tokenizer_is_refused_at_start(files, capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "--opd-teacher-hf-checkpoint" in lines[0] and "share a tokenizer" in lines[0], err
     assert out == "" and not run_dir.exists()
+
+
+def test_an_external_teacher_serving_another_tokenizer_is_refused_at_start(files, capsys):
+    # The directory its /model_info names is readable here: checked like an owned teacher's.
+    process, url = start_local_engine(files["other_vocab"], files["root"] / "teacher-engine.log")
+    try:
+        run_dir = files["root"] / "run-url-tokenizer"
+        code = COMMANDS["train"][0](argv(files, "--use-opd", "--opd-type", "sglang", "--opd-teacher-url", url,
+                                         "--run-dir", str(run_dir)))
+    finally:
+        stop_local_engine(process)
+    assert code == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "--opd-teacher-url" in lines[0] and "share a tokenizer" in lines[0], err
+    assert str(files["other_vocab"]) in lines[0] and out == "" and not run_dir.exists()
 
 
 def test_an_opd_teacher_load_that_is_no_model_is_named(files):

@@ -105,10 +105,8 @@ async def test_the_opd_teacher_scorer_gets_the_response_tokens_logprobs(engine_u
                     rollout_logprobs=[0.0] * 3, token_versions=[0] * 3)
     broken = Sample(group_index=0, index=1, tokens=PROMPT + [vocab_size + 5], response_length=1, loss_mask=[1],
                     rollout_logprobs=[0.0], token_versions=[0])
-    scorer = TeacherScorer(engine_under_test.url, api_key=engine_under_test.api_key)
+    scorer = TeacherScorer(engine_under_test.url, vocab_size=vocab_size, api_key=engine_under_test.api_key)
     try:
-        await scorer.read_vocabulary(fallback=None)  # from the config.json of the model the engine serves
-        assert scorer.vocab_size == vocab_size
         await scorer.score(sample)
         with caplog.at_level(logging.WARNING, logger="actors.rollout.teacher"):
             # An id past the vocabulary kills an SGLang scheduler: never sent; counted, trains without the term.
