@@ -87,11 +87,16 @@ def parse_generate(body: Any, encode: Callable[[str], list[int]],
         where = f"sampling_params[{i}]" if is_batch else "sampling_params"
         spec, samples = _spec(list(ids), sampling[i] or {}, where)
         top = top_nums[i] or 0
-        if isinstance(top, bool) or top < 0:
-            raise NativeError(f"top_logprobs_num must be a non-negative integer, got {top!r}")
+        # SGLang 0.5.17 checks neither bound below: a top-k past the vocabulary or a negative start
+        # would reach its scheduler (refused here; the CPU engine refuses them too).
+        if isinstance(top, bool) or top < 0 or (vocab_size is not None and top > vocab_size):
+            raise NativeError(f"top_logprobs_num must be an integer in [0, {vocab_size or 'vocabulary size'}], "
+                              f"got {top!r}")
         spec.top_logprobs_num = top if logprob_flags[i] else 0  # SGLang returns them only with return_logprob
         if logprob_flags[i] and starts[i] is not None and starts[i] != -1:
-            # Prompt logprobs: passed to the engine, which checks the start (SGLang's message).
+            if starts[i] < 0:
+                raise NativeError(f"logprob_start_len must be -1 or a position in the input, got {starts[i]}")
+            # Prompt logprobs: passed to the engine, which checks the start's upper bound (SGLang's message).
             spec.logprob_start_len = starts[i]
         rid = rids[i] or uuid.uuid4().hex
         for k in range(samples):

@@ -117,7 +117,7 @@ async def test_generate_honours_a_text_stop_string_with_and_without_no_stop_trim
     assert trimmed["text"] == full[:full.find(stop)]
 
 
-async def test_token_ids_outside_the_vocabulary_are_refused_by_the_front_naming_the_id(cpu_engine, start_front,
+async def test_what_sglang_does_not_check_is_refused_by_the_front_naming_the_field(cpu_engine, start_front,
                                                                                       text_model):
     # SGLang 0.5.17 does not check them and its scheduler dies on one (slime_async/token_ids.py); the
     # messages name the position in the client's request, so they come from the front, not the engine.
@@ -131,6 +131,12 @@ async def test_token_ids_outside_the_vocabulary_are_refused_by_the_front_naming_
         async with http.post(url + "/generate", json=body) as response:
             message = (await response.json())["error"]["message"]
             assert response.status == 400 and message == f"input_ids[1][1]=-1 is outside the vocabulary [0, {vocab})"
+        for field, value, named in (
+                ("top_logprobs_num", vocab + 1, f"top_logprobs_num must be an integer in [0, {vocab}]"),
+                ("logprob_start_len", -2, "logprob_start_len must be -1 or a position")):
+            body = {"input_ids": [5, 6], "return_logprob": True, field: value}
+            async with http.post(url + "/generate", json=body) as response:
+                assert response.status == 400 and named in (await response.json())["error"]["message"]
 
 
 async def test_completions_and_models(cpu_engine, start_front, text_model):
