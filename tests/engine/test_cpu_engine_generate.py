@@ -160,6 +160,7 @@ async def test_text_prompt_is_tokenized_and_output_text_decoded(engine_url, http
         ({"input_ids": PROMPT, "sampling_params": {"top_p": 0}}, "top_p"),
         ({"input_ids": [[5], [6]], "rid": ["only-one"]}, "rid has 1 entries"),
         ({"input_ids": PROMPT, "sampling_params": {"stop_token_ids": [[1]]}}, "stop_token_ids"),
+        ({"input_ids": PROMPT, "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len must be -1 or"),
     ],
     ids=[
         "malformed",
@@ -173,6 +174,7 @@ async def test_text_prompt_is_tokenized_and_output_text_decoded(engine_url, http
         "top-p",
         "batch-length",
         "stop-ids",
+        "negative-logprob-start",
     ],
 )
 async def test_bad_generate_request_gets_400_with_a_message(engine_url, http, body, message):

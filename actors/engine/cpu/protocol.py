@@ -175,7 +175,9 @@ def resolve_logprob_start_len(requested: int, return_logprob: bool, n_input: int
     with this message. Below -1 SGLang does not check (not measured what it does): refused here."""
     if requested == -1 or not return_logprob:
         return n_input
-    if requested < -1 or requested > n_input:
+    if requested < -1:
+        raise ValueError(f"logprob_start_len must be -1 or a position in the input, got {requested}")
+    if requested > n_input:
         raise ValueError(f"req.logprob_start_len={requested} is higher than the number of input tokens "
                          f"len(req.origin_input_ids)={n_input}. Please use a smaller logprob_start_len.")
     return requested
