@@ -19,13 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +92,10 @@ def _from_json(data: dict[str, Any]) -> MegatronTable:
 
 def _cache_key() -> str | None:
     """A digest of what the table is derived from; None where megatron-core is not installed."""
+    import hashlib  # here: `train --help` imports this module and needs none of these
+    import importlib.metadata
+    import importlib.util
+
     try:
         spec = importlib.util.find_spec("megatron")  # a namespace package: finding it imports nothing
         version = importlib.metadata.version("megatron-core")
@@ -124,6 +124,8 @@ def _cache_dir() -> Path:
 
 def _write(path: Path, data: dict[str, Any]) -> None:
     """Write atomically (runs starting together never read half a file); a read-only cache is skipped."""
+    import tempfile
+
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
