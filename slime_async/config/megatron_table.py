@@ -43,8 +43,8 @@ class MegatronTable:
 @functools.cache
 def megatron_table() -> MegatronTable:
     """The table of the installed megatron-core, from the cache when it is current."""
-    key = _cache_key()
-    path = _cache_dir() / f"megatron_table-{key[:16]}.json" if key else None
+    key, directory = _cache_key(), _cache_dir()
+    path = directory / f"megatron_table-{key[:16]}.json" if key and directory else None
     if path is not None:
         try:
             data = json.loads(path.read_text())
@@ -116,10 +116,13 @@ def _cache_key() -> str | None:
     return digest.hexdigest()
 
 
-def _cache_dir() -> Path:
+def _cache_dir() -> Path | None:
     if explicit := os.environ.get("SLIME_ASYNC_CACHE_DIR"):
         return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slime-async"
+    try:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slime-async"
+    except RuntimeError:  # no home directory to be found: no cache
+        return None
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
