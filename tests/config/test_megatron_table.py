@@ -87,3 +87,15 @@ def test_a_torn_cache_file_is_rebuilt(cache_dir):
     table_module.megatron_table.cache_clear()
     assert table_module.megatron_table().fields == expected.fields
     assert json.loads(path.read_text())["fields"]["TransformerConfig"]
+
+
+def test_an_unwritable_cache_directory_only_means_no_cache(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("SLIME_ASYNC_CACHE_DIR", str(blocker / "cache"))  # under a file: mkdir fails
+    table_module.megatron_table.cache_clear()
+    try:
+        assert "lr" in table_module.megatron_table().fields["OptimizerConfig"]
+    finally:
+        table_module.megatron_table.cache_clear()
+    assert list(tmp_path.iterdir()) == [blocker]  # nothing written, no temporary file left
