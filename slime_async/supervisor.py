@@ -1,6 +1,9 @@
 """Supervisors in the manner of Erlang/OTP.
 
-A supervisor starts its children in order and stops them in reverse. When a child ends, its
+A supervisor starts its children in order and stops them in reverse. A child marked
+``start_early`` begins starting with the supervisor, beside the children before it (a process
+that needs seconds to come up need not wait for theirs); it still takes its place in the order,
+so it is stopped as if it had started at its turn. When a child ends, its
 restart type decides what happens: ``permanent`` children are always restarted, ``transient``
 ones only after a failure, ``temporary`` ones never. The strategy says which children restart
 together: ``one_for_one`` restarts only the failed child, ``rest_for_one`` also those started
@@ -43,6 +46,7 @@ class ChildSpec:
     name: str
     start: Callable[[], Awaitable[ActorRef]]
     restart: Restart = Restart.PERMANENT
+    start_early: bool = False  # the first start only; a restart starts at its turn
 
 
 class SupervisorGaveUp(RuntimeError):
@@ -86,10 +90,14 @@ class Supervisor(Actor):
 
     # ----- lifecycle ------------------------------------------------------------------------
     async def on_start(self) -> None:
+        loop = asyncio.get_running_loop()
+        early = {spec.name: loop.create_task(spec.start(), name=f"{self.name}:start:{spec.name}")
+                 for spec in self.specs if spec.start_early}
         try:
             for spec in self.specs:
-                await self._start_child(spec)
+                await self._start_child(spec, early.pop(spec.name, None))
         except BaseException:
+            await _abandon(list(early.values()))
             await self._stop_children(list(self._live))
             raise
 
@@ -159,8 +167,8 @@ class Supervisor(Actor):
         self._restart_times.append(now)
         return True
 
-    async def _start_child(self, spec: ChildSpec) -> ActorRef:
-        ref = await spec.start()
+    async def _start_child(self, spec: ChildSpec, started: Awaitable[ActorRef] | None = None) -> ActorRef:
+        ref = await (spec.start() if started is None else started)
         watcher = asyncio.get_running_loop().create_task(self._watch(spec.name, ref), name=f"{self.name}:watch:{spec.name}")
         self._live[spec.name] = _Running(spec, ref, watcher)
         return ref
@@ -188,3 +196,15 @@ class Supervisor(Actor):
             except Exception as error:  # noqa: BLE001
                 log.error("supervisor %s: stopping %s failed: %r", self.name, name, error)
 
+
+async def _abandon(starts: list[asyncio.Task]) -> None:
+    """Early starts of a supervisor whose start failed: cancel those still starting, stop those
+    already up (their actors undo a cancelled start themselves, as under a signal)."""
+    for task in starts:
+        task.cancel()
+    for result in await asyncio.gather(*starts, return_exceptions=True):
+        if isinstance(result, ActorRef):
+            try:
+                await result.stop()
+            except Exception as error:  # noqa: BLE001
+                log.error("stopping an early-started child failed: %r", error)

@@ -183,7 +183,8 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         critic = critic_trainer_config(config.trainer, config.critic) if uses_critic(config.algorithm) else None
         specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, logs, critic=critic,
                                                                      critic_first_gpu=critic_first_gpu,
-                                                                     nodes=cluster.nodes, trace=trace))))
+                                                                     nodes=cluster.nodes, trace=trace)),
+                               start_early=trainer_starts_with_engines(config, gpu_available)))
 
         specs.append(ChildSpec("weight_sync", lambda: spawn(WeightSyncActor(
             child("trainer"), child("router"), config.train.update_weight_transport, config.train.weight_update_mode,
@@ -263,14 +264,25 @@ async def opd_teacher(config: RunConfig, kind: str, logs: Path, *, first_gpu: in
     return url, children
 
 
+def engines_share_trainer_gpus(config: RunConfig) -> bool:
+    """Whether the run's SGLang engines sit on the trainer's GPUs: colocated (time-shared), moved by
+    IPC handles (``tensor``: a handle is only valid on its own device) or --rollout-share-trainer-gpus."""
+    return (config.train.colocate or config.train.update_weight_transport == "tensor"
+            or config.engine.rollout_share_trainer_gpus)
+
+
 def engines_first_gpu(config: RunConfig, trainer_gpus: int) -> int:
     """The first GPU of the run's SGLang engines: after the trainer's ``trainer_gpus`` (its ranks and a
-    critic of its own), or GPU 0 where they share the trainer's GPUs: colocated (time-shared), moved by
-    IPC handles (``tensor``: a handle is only valid on its own device) or --rollout-share-trainer-gpus."""
-    if (config.train.colocate or config.train.update_weight_transport == "tensor"
-            or config.engine.rollout_share_trainer_gpus):
-        return 0
-    return trainer_gpus
+    critic of its own), or GPU 0 where they share the trainer's GPUs."""
+    return 0 if engines_share_trainer_gpus(config) else trainer_gpus
+
+
+def trainer_starts_with_engines(config: RunConfig, gpu_available: bool) -> bool:
+    """Whether the trainer's ranks start beside the engines rather than after them (seconds saved:
+    nothing in either start waits for the other; the weight-update group forms after both are up).
+    Not where they share GPUs: SGLang sizes its memory pool from what is free on the device when it
+    starts, and the colocation phases begin with the engines holding the devices."""
+    return not gpu_available or not engines_share_trainer_gpus(config)
 
 
 def critic_gpu_offset(config: RunConfig, policy_gpus: int, gpu_count: int) -> int:

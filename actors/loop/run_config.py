@@ -199,7 +199,7 @@ _MODE_STALENESS = {"sync": 0, "one-step-off": 1}
 
 def _megatron_extra() -> tuple[type, ...]:
     from actors.megatron.model_flags import MegatronLMModelFlags
-    from actors.megatron.optimizer import ScheduleConfig
+    from actors.megatron.options import ScheduleConfig
 
     return ScheduleConfig, MegatronLMModelFlags
 

@@ -4,7 +4,7 @@ the config of every Megatron group (the critic's is derived from it: `actors.cri
 ``megatron`` is the pass-through: a dict of megatron-core ``TransformerConfig`` /
 ``OptimizerConfig`` / ``DistributedDataParallelConfig`` field -> value (filled by the CLI from
 flags generated from those dataclasses), plus the LR-schedule keys of
-``actors.megatron.optimizer.ScheduleConfig``. The worker routes each key to every dataclass that
+``actors.megatron.options.ScheduleConfig``. The worker routes each key to every dataclass that
 has the field; an unknown key fails at start with its name.
 """
 
@@ -122,8 +122,8 @@ class TrainerConfig:
         if self.train_step_delay < 0:
             raise ValueError(f"--train-step-delay must be >= 0, got {self.train_step_delay}")
         from actors.megatron.model_flags import check_model_flags
-        # megatron-core: imported when needed
-        from actors.megatron.optimizer import check_megatron_options, split_megatron_overrides
+        # megatron-core: imported by a check only when the flags given need it
+        from actors.megatron.options import check_megatron_options, split_megatron_overrides
         from actors.megatron.pipeline import check_pipeline_layout
 
         check_megatron_options(self.megatron)

@@ -27,14 +27,8 @@ from actors.megatron.config import TrainerConfig
 from actors.megatron.dp_split import split_into_micro_batches, spread_micro_batches
 from actors.megatron.mb_align import ExpertAlignment, zero_loss_copy
 from actors.megatron.model import build_gpt_model
-from actors.megatron.optimizer import (
-    ScheduleConfig,
-    build_optimizer,
-    has_grad_scaler,
-    optimizer_config,
-    split_megatron_overrides,
-    wrap_ddp,
-)
+from actors.megatron.optimizer import build_optimizer, has_grad_scaler, optimizer_config, wrap_ddp
+from actors.megatron.options import ScheduleConfig, split_megatron_overrides
 from actors.megatron.parallel import init_model_parallel
 from actors.megatron.protocol import RankInfo
 from actors.megatron.routing_replay import RoutingReplay, aux_loss_metrics, moe_layer_indices

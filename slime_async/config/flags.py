@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import difflib
 import enum
+import importlib
 import json
 import types
 import typing
@@ -41,6 +42,10 @@ class FlagType:
     optional: bool = False
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+    # The annotation this was read from, as JSON-able data ("int",), ("literal", [values]), ("enum",
+    # module, qualname) ...: `flag_type_from_source` rebuilds the same FlagType from it, so a cached
+    # flag table (slime_async.config.megatron_table) needs no import of the annotated module.
+    source: tuple[Any, ...] = ()
 
 
 class JsonDict(dict):
@@ -97,24 +102,56 @@ def flag_type(tp: Any) -> FlagType | None:
     if origin is typing.Literal:
         values = typing.get_args(tp)
         by_text = {str(v): v for v in values}
-        return FlagType(lambda x: _choice(x, by_text), choices=tuple(by_text))
+        return FlagType(lambda x: _choice(x, by_text), choices=tuple(by_text), source=("literal", list(values)))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         by_name = {m.name.lower(): m for m in tp} | {str(m.value).lower(): m for m in tp}
         return FlagType(lambda x: x if isinstance(x, tp) else _choice(str(x).lower(), by_name),
-                        choices=tuple(m.name.lower() for m in tp))
+                        choices=tuple(m.name.lower() for m in tp), source=("enum", tp.__module__, tp.__qualname__))
     if tp is JsonDict:
-        return FlagType(_to_json_dict, metavar="JSON")
+        return FlagType(_to_json_dict, metavar="JSON", source=("json",))
     if tp is bool:
-        return FlagType(_to_bool, is_bool=True)
+        return FlagType(_to_bool, is_bool=True, source=("bool",))
     if tp is int:
-        return FlagType(_to_int, metavar="N")
+        return FlagType(_to_int, metavar="N", source=("int",))
     if tp is float:
-        return FlagType(_to_float, metavar="X")
+        return FlagType(_to_float, metavar="X", source=("float",))
     if tp is str:
-        return FlagType(str, metavar="STR")
+        return FlagType(str, metavar="STR", source=("str",))
     if _is_torch_dtype(tp):
         return _torch_dtype_flag()
     return None
+
+
+_LEAF_TYPES: dict[str, Any] = {"json": JsonDict, "bool": bool, "int": int, "float": float, "str": str}
+
+
+def flag_type_from_source(source: list[Any] | tuple[Any, ...], *, is_list: bool = False, optional: bool = False,
+                          scalar_if_one: bool = False, choices: list[str] | tuple[str, ...] | None = None) -> FlagType:
+    """The FlagType that ``flag_type`` made from the annotation ``source`` describes (its shape:
+    list, optional, ...), without importing the annotated module: an Enum's class is imported
+    only when a value is converted."""
+    kind, *rest = source
+    if kind == "literal":
+        leaf = flag_type(typing.Literal[tuple(rest[0])])
+    elif kind == "enum":
+        module, qualname = rest
+        leaf = FlagType(lambda x: _enum_flag(module, qualname).convert(x), source=tuple(source),
+                        choices=tuple(choices or ()))
+    elif kind == "dtype":
+        leaf = _torch_dtype_flag()
+    else:
+        leaf = flag_type(_LEAF_TYPES[kind])
+    assert leaf is not None, source
+    return dataclasses.replace(leaf, is_list=is_list, optional=optional, scalar_if_one=scalar_if_one)
+
+
+def _enum_flag(module: str, qualname: str) -> FlagType:
+    cls: Any = importlib.import_module(module)
+    for name in qualname.split("."):
+        cls = getattr(cls, name)
+    ftype = flag_type(cls)
+    assert ftype is not None, qualname
+    return ftype
 
 
 def _choice(value: Any, options: dict[str, Any]) -> Any:
@@ -171,7 +208,7 @@ def _torch_dtype_flag() -> FlagType:
             return value
         return getattr(torch, _choice(str(value).removeprefix("torch."), {n: n for n in names}))
 
-    return FlagType(convert, choices=names)
+    return FlagType(convert, choices=names, source=("dtype",))
 
 
 def convert_value(ftype: FlagType, value: Any, where: str) -> Any:
@@ -231,10 +268,15 @@ def _field_default(f: dataclasses.Field) -> Any:
     return None
 
 
+def default_text(default: Any) -> str:
+    """A flag's default as ``--help`` shows it."""
+    return default.name.lower() if isinstance(default, enum.Enum) else str(default)
+
+
 def add_flags(group: argparse._ArgumentGroup, flags: list[FieldFlag]) -> None:
     for flag in flags:
         dest = f"{flag.section}.{flag.field}"
-        default = flag.default.name.lower() if isinstance(flag.default, enum.Enum) else flag.default
+        default = default_text(flag.default)
         help_text = f"{flag.help} (default: {default})" if flag.help else f"(default: {default})"
         help_text = help_text.replace("%", "%%")
         if flag.ftype.is_bool:

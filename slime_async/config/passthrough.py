@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slime_async.config.flags import ConfigError, FieldFlag, convert_value, dataclass_flags, flag_type, suggest
+from slime_async.config.megatron_table import megatron_table
 
 SGLANG_PREFIX = "--sglang-"
 
@@ -24,15 +25,12 @@ SGLANG_PREFIX = "--sglang-"
 
 @functools.cache
 def megatron_flags(extra: tuple[type, ...] = ()) -> tuple[FieldFlag, ...]:
-    """One flag per field of the three megatron-core configs and of ``extra`` dataclasses (the
-    trainer's LR schedule and Megatron-LM model flags, which the composition root names); a name
-    shared by two, such as ``bf16``, is one flag that sets both."""
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
-    from megatron.core.transformer import TransformerConfig
-
-    flags: dict[str, FieldFlag] = {}
-    for cls in (TransformerConfig, OptimizerConfig, DistributedDataParallelConfig, *extra):
+    """One flag per field of the three megatron-core configs (read from the cached table, so
+    parsing imports no megatron-core) and of ``extra`` dataclasses (the trainer's LR schedule and
+    Megatron-LM model flags, which the composition root names); a name shared by two, such as
+    ``bf16``, is one flag that sets both."""
+    flags: dict[str, FieldFlag] = {flag.field: flag for flag in megatron_table().flags}
+    for cls in extra:
         for flag in dataclass_flags("megatron", cls):
             flags.setdefault(flag.field, dataclasses.replace(flag, help=f"[{cls.__name__}] {flag.help}".strip()))
     return tuple(flags.values())

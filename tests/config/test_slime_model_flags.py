@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from transformers import Qwen2Config, Qwen3Config
 
-from actors.megatron.optimizer import split_megatron_overrides
+from actors.megatron.options import split_megatron_overrides
 from slime_async.config.flags import ConfigError
 from actors.loop.run_config import parse_run_config
 

@@ -1,6 +1,10 @@
 """How `slime-async train` decides to restart a failed run (its actors' configs: test_run_config_resolve.py)."""
 
-from actors.loop.launch import should_restart
+from dataclasses import replace
+
+import pytest
+
+from actors.loop.launch import should_restart, trainer_starts_with_engines
 from actors.loop.run_config import RunConfig
 from actors.loop.train_loop import RunProgress
 from slime_async.config.sections import CheckpointConfig
@@ -25,3 +29,23 @@ def test_no_restart_after_success_a_signal_a_failure_before_training_or_without_
     assert not should_restart(config_with(save="/ckpt"), 128 + 15, trained, restarts=0)  # SIGTERM
     assert not should_restart(config_with(save="/ckpt"), EXIT_FAILURE, RunProgress(), restarts=0)
     assert not should_restart(config_with(), EXIT_FAILURE, trained, restarts=0)
+
+
+@pytest.mark.parametrize(("change", "gpu", "early"), [
+    ({}, False, True),  # CPU: no device to share
+    ({}, True, True),  # engines on GPUs after the trainer's
+    ({"colocate": True}, True, False),  # SGLang sizes its pool from the memory free when it starts
+    ({"update_weight_transport": "tensor"}, True, False),
+    ({"colocate": True}, False, True),
+])
+def test_the_trainer_starts_beside_the_engines_unless_they_share_its_gpus(change, gpu, early):
+    config = RunConfig()
+    config = replace(config, train=replace(config.train, **change))
+    assert trainer_starts_with_engines(config, gpu) is early
+
+
+def test_engines_sharing_the_trainers_gpus_start_first():
+    config = RunConfig()
+    config = replace(config, engine=replace(config.engine, rollout_share_trainer_gpus=True))
+    assert not trainer_starts_with_engines(config, True)
+

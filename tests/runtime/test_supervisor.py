@@ -209,3 +209,50 @@ def test_a_signal_to_the_main_process_leaves_no_descendant(tmp_path, sig):
         assert not alive(descendants)
     finally:
         main.kill()
+
+
+def test_an_early_child_starts_while_the_child_before_it_is_still_coming_up(tmp_path):
+    """The first child is ready only once the second has started: without start_early this
+    start could not finish (the first would time out waiting)."""
+    marker = tmp_path / "trainer-started"
+
+    async def trainer_started() -> bool:
+        return marker.exists()
+
+    async def body():
+        sup = Supervisor("sup", [
+            process_child("engine", SLEEPS, tmp_path, ready=trainer_started, ready_timeout=60),
+            ChildSpec("trainer", process_child("trainer", f"open({str(marker)!r}, 'w'); {SLEEPS}", tmp_path).start,
+                      start_early=True),
+        ])
+        ref = await spawn(sup)
+        assert list(sup.children()) == ["engine", "trainer"]  # registered, and so stopped, in order
+        pids = [child.actor.process.pid for child in sup.children().values()]
+        await ref.stop()
+        return pids
+
+    assert not alive(set(run(body)))
+
+
+@pytest.mark.parametrize("trainer_ready", [False, True], ids=["still-starting", "up"])
+def test_an_early_child_is_undone_when_a_child_before_it_fails_to_start(tmp_path, trainer_ready):
+    pid_file = tmp_path / "trainer.pid"
+    # The engine fails once the trainer's process exists: the trainer is then starting or up.
+    engine = f"import os, sys, time\nwhile not os.path.exists({str(pid_file)!r}): time.sleep(0.05)\nsys.exit(2)"
+    trainer = f"import os; open({str(pid_file)!r}, 'w').write(str(os.getpid())); {SLEEPS}"
+
+    async def never() -> bool:
+        return False
+
+    async def body():
+        sup = Supervisor("sup", [
+            process_child("engine", engine, tmp_path, ready=never, ready_timeout=60),
+            ChildSpec("trainer", process_child("trainer", trainer, tmp_path, ready=None if trainer_ready else never,
+                                               ready_timeout=60).start, start_early=True),
+        ])
+        with pytest.raises(Exception, match="exited with code 2"):
+            await spawn(sup)
+        return 0
+
+    run(body)
+    assert not alive({int(pid_file.read_text())})

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from actors.megatron.config import TrainerConfig
-from actors.megatron.optimizer import split_megatron_overrides
+from actors.megatron.options import split_megatron_overrides
 from slime_async.batch import Batch, batch_from_samples
 from slime_async.sample import Sample, Status
 
