@@ -144,7 +144,7 @@ def test_generate_takes_text_batches_n_and_keeps_text_stops_at_the_front():
     ({}, "one of text or input_ids"),
     ({"input_ids": [1], "sampling_params": {"stop_regex": "a+"}}, "stop_regex"),
     ({"input_ids": [1], "sampling_params": {"temprature": 1.0}}, "did you mean 'temperature'"),
-    ({"input_ids": [1], "top_logprobs_num": -1}, "top_logprobs_num must be a non-negative integer"),
+    ({"input_ids": [1], "top_logprobs_num": -1}, "top_logprobs_num must be an integer in"),
     ({"input_ids": [1], "bogus": 1}, "unknown /generate field(s): bogus"),
     ({"input_ids": [[1], [2]], "stream": True}, "stream=true needs a single prompt"),
 ])
