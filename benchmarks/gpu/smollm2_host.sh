@@ -3,11 +3,15 @@
 # call takes at most 64 MiB), installed, and the GGUF reassembled; the failed run's error report.
 
 # stage_batch PHASE: b1, b2 or gguf-a, each a call of its own that copies its carried batch to /tmp
-# (kept while the host stays warm, 30 s after a call).
+# (kept while the host stays warm, 30 s after a call). b2 copies whichever of .gpu-wheels/b2, b3, b5
+# and b6 the call carries: with the working tree all four pass the 64 MiB a call may carry, so it is
+# two calls (b2 alone, then b3 b5 b6); the install checks that all four arrived.
 stage_batch() {
   case $1 in
   b1) mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L && nproc ;;
-  b2) mkdir -p /tmp/b2 && cp .gpu-wheels/b{2,3,5,6}/*.whl /tmp/b2/ && ls /tmp/b1 | wc -l ;;
+  b2) mkdir -p /tmp/b2 && for b in b2 b3 b5 b6; do
+        [ -d .gpu-wheels/$b ] && cp .gpu-wheels/$b/*.whl /tmp/b2/ && touch /tmp/b2/.have-$b; done
+      ls -A /tmp/b2 | grep '^\.have-' | tr '\n' ' '; echo ;;
   gguf-a) mkdir -p /tmp/gguf && cp .gpu-model/a/* /tmp/gguf/ && ls -la /tmp/gguf ;;
   *) echo "stage_batch: unknown batch $1"; return 2 ;;
   esac
@@ -19,7 +23,10 @@ stage_batch() {
 # 5 on a checksum mismatch.
 install_smollm2() {
   python3 -c "import sglang, megatron.core" 2>/dev/null || {
-    [ -d /tmp/b1 ] && [ -d /tmp/b2 ] || { echo "a staged batch is missing: the host went cold"; exit 4; }
+    local b
+    for b in b1/ b2/.have-b2 b2/.have-b3 b2/.have-b5 b2/.have-b6; do
+      [ -e /tmp/$b ] || { echo "staged batch ${b#*-} is missing (not carried, or the host went cold)"; exit 4; }
+    done
     pipi /tmp/b1/*.whl /tmp/b2/*.whl; }
   python3 -c "import sglang, megatron.core; print('sglang', sglang.__version__)" || exit 3
   local gguf=$SLIME_ASYNC_CACHE/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf
