@@ -15,7 +15,9 @@
 # started with less than MIN_FAULT_S (200) left in the call's BUDGET_S (570), and one still going at
 # the end is stopped whole, its row saying it was cut (it runs again in the next call). So the same
 # `bash benchmarks/gpu/chaos.sh run`, repeated on the warm host, finishes the table. Rows accumulate
-# in /tmp/chaos/results; every call copies the table so far to $OUT/chaos.md (rows: chaos.jsonl) and
+# in /tmp/chaos/results, which starts from benchmarks/gpu/results/chaos/chaos.jsonl when the repo has it
+# (a later session's fresh host runs only the faults left); every call copies the table so far to
+# $OUT/chaos.md (rows: chaos.jsonl) and
 # the logs to $OUT/chaos_logs.tgz (<fault>.log the run's console, logs/<fault>/ its children's,
 # <fault>.engine.log the external SGLang's); unpack into benchmarks/gpu/results/chaos/ and put the
 # table in docs/reliability.md.
@@ -67,6 +69,8 @@ run)
   source benchmarks/gpu/common.sh
   FAULTS=${FAULTS:-$ALL}
   mkdir -p "$R"
+  # Rows an earlier session brought back count as done: a fresh host continues the table.
+  [ -f "$R/chaos.jsonl" ] || cp benchmarks/gpu/results/chaos/chaos.jsonl "$R/" 2>/dev/null
   trap keep EXIT
   install_sglang
   [ -f $W/base/config.json ] || write_qwen05_shape $W/base 4096
