@@ -3,9 +3,9 @@
     python benchmarks/gpu/moe_summary.py sample OUT.csv             # every second until killed
     python benchmarks/gpu/moe_summary.py table --runs r3=A/metrics.jsonl nor3=B/metrics.jsonl --memory OUT.csv
 
-The sampler writes ``seconds,role,pid,MiB`` rows: each compute process nvidia-smi lists, its role read
-from its command line while it runs (``sglang``: an SGLang server's processes; ``trainer``: a trainer
-rank; else the executable's name), and a ``total`` row (the GPU's used memory). The table has one
+The sampler writes ``seconds,role@gpuN,pid,MiB`` rows: each compute process nvidia-smi lists, its role
+read from its command line while it runs (``sglang``: an SGLang server's processes; ``trainer``: a
+trainer rank; else the executable's name), and a ``total@gpuN`` row per GPU (its used memory). The table has one
 column per run: its steps, median step time, rollout tokens/s, train-inference |Δlogprob|, the routing
 mismatch (replayed runs only), the trainer's peak memory (its own metric) and each role's peak as
 nvidia-smi saw it while that run's metrics were being written.
@@ -60,10 +60,11 @@ def sample(path: Path, interval: float) -> None:
         writer = csv.writer(handle)
         while True:
             now = round(time.time(), 1)
-            for pid, mib in query("pid,used_memory", "compute-apps"):
-                writer.writerow([now, role_of(pid), pid, mib])
-            for (mib,) in query("memory.used", "gpu")[:1]:
-                writer.writerow([now, "total", "", mib])
+            gpus = {bus: index for index, bus in query("index,pci.bus_id", "gpu")}
+            for bus, pid, mib in query("gpu_bus_id,pid,used_memory", "compute-apps"):
+                writer.writerow([now, f"{role_of(pid)}@gpu{gpus.get(bus, '?')}", pid, mib])
+            for index, mib in query("index,memory.used", "gpu"):
+                writer.writerow([now, f"total@gpu{index}", "", mib])
             handle.flush()
             time.sleep(interval)
 
@@ -85,12 +86,13 @@ def run_column(rows: list[dict[str, Any]], memory: list[list[str]]) -> dict[str,
         column[label] = fmt.format(value) if value is not None else "-"
     if rows and memory:  # nvidia-smi's peaks while this run was logging (its first to last metric row)
         start, end = rows[0]["time"] - 120, rows[-1]["time"] + 5  # the run's start-up before its first row
-        for role in ("sglang", "trainer", "total"):
+        window = [row for row in memory if start <= float(row[0]) <= end]
+        for role in sorted({who for _, who, _, _ in window if who.split("@")[0] in ("sglang", "trainer", "total")}):
             seen = {}
-            for stamp, who, pid, mib in memory:
-                if who == role and start <= float(stamp) <= end:
+            for stamp, who, pid, mib in window:
+                if who == role:
                     seen[stamp] = seen.get(stamp, 0.0) + float(mib)  # an SGLang server has several processes
-            column[f"GPU memory peak, {role} (nvidia-smi) GB"] = f"{max(seen.values()) / 1024:.1f}" if seen else "-"
+            column[f"GPU memory peak, {role} (nvidia-smi) GB"] = f"{max(seen.values()) / 1024:.1f}"
     return column
 
 
