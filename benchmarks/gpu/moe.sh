@@ -102,7 +102,7 @@ train() {  # train NAME SECONDS FLAGS...: one run in the foreground; SIGINT ends
 }
 
 ep_parity() {  # ep_parity [FLAGS...]: EP1 vs EP2 on one batch over both GPUs (or 2 gloo ranks)
-  CUDA_VISIBLE_DEVICES=$GPUS timeout $(( ${RUN_UNTIL_S:-570} - SECONDS - 10 )) python3 -m torch.distributed.run --nproc-per-node 2 \
+  CUDA_VISIBLE_DEVICES=$GPUS timeout ${EP_S:-240} python3 -m torch.distributed.run --nproc-per-node 2 \
     --master-port 29555 benchmarks/gpu/moe_ep.py --model-dir $W/model --layouts 1 2 "$@" > $W/ep.log 2>&1
   elapsed "ep parity exit $?"
   sed -n '/ ranks on /,$p' $W/ep.log | tee "$OUT/moe_ep.md"
