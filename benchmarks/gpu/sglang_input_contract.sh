@@ -5,6 +5,9 @@
 # raw answers (its last request, an out-of-vocabulary id, kills the server: that is the point).
 # Calls: b1 (carry .gpu-wheels/b1), run (carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b6 .gpu-wheels/b7:
 # SGLang, then pytest-asyncio and the test's other packages), within 30 s.
+# TESTS picks the contract files (default the prompt-logprob one; e.g.
+# TESTS="tests/contract/test_engine_preconditions.py tests/contract/test_engine_prompt_logprobs.py": the
+# control sequences around a weight update that the runtime sends, against the server); PROBE=0 skips the probe.
 # $OUT: contract.txt, probe.txt, sglang.log.
 set -uo pipefail
 source benchmarks/gpu/common.sh
@@ -17,11 +20,13 @@ run)
   launch_sglang /tmp/tinyd 30200 0.2 "$OUT/sglang.log"
   elapsed "$(wait_sglang http://127.0.0.1:30200 400 $!)"
   SLIME_ASYNC_TEST_ENGINE_URL=http://127.0.0.1:30200 SLIME_ASYNC_TEST_ENGINE_MODEL=/tmp/tinyd \
-    SLIME_ASYNC_TEST_LOGPROB_ATOL=${ATOL:-0.002} timeout 200 python3 -m pytest -v -p no:cacheprovider \
-    tests/contract/test_engine_prompt_logprobs.py 2>&1 | tail -40 > "$OUT/contract.txt"
-  grep -E "passed|failed" "$OUT/contract.txt" | tail -12
+    SLIME_ASYNC_TEST_LOGPROB_ATOL=${ATOL:-0.002} SLIME_ASYNC_TEST_WEIGHT_BACKEND=gloo timeout ${CONTRACT_S:-200} \
+    python3 -m pytest -v -p no:cacheprovider ${TESTS:-tests/contract/test_engine_prompt_logprobs.py} 2>&1 | tail -80 \
+    > "$OUT/contract.txt"
+  grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/contract.txt" | tail -40
   echo "health after the contract: $(curl -s -m 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:30200/health_generate)" \
     | tee -a "$OUT/contract.txt"
+  [ "${PROBE:-1}" = 1 ] || exit 0
   vocab=$(python3 -c "import json; print(json.load(open('/tmp/tinyd/config.json'))['vocab_size'])")
   timeout 100 python3 benchmarks/gpu/probe_sglang_input.py http://127.0.0.1:30200 "$vocab" | tee "$OUT/probe.txt"
   sleep 3
