@@ -5,7 +5,8 @@
 # The host is offline and takes at most 64 MiB per call, so the inputs travel in batches over
 # consecutive calls (each within the 30 s the host stays warm), as smollm2_grpo.sh does:
 #   b1          carry .gpu-wheels/b1                       (../shared/gpu/sglang-wheels.sh .gpu-wheels)
-#   b2          carry .gpu-wheels/b2 .gpu-wheels/b3 .gpu-wheels/b4 .gpu-wheels/b5 .gpu-wheels/b6 (b3: math-verify,
+#   b2          carry .gpu-wheels/b2, then b2 again carrying .gpu-wheels/b3 .gpu-wheels/b4 .gpu-wheels/b5
+#               .gpu-wheels/b6 (two calls: all five and the tree pass the 64 MiB a call carries; b3: math-verify,
 #               aiorwlock; b4: bm25s, the search agent's; b5: torch_memory_saver
 #               0.0.10, which SGLang's --enable-memory-saver needs; b6: zstandard 0.25.0 for cp312,
 #               setup.cfg's pin for the delta codec: without it the runtime fails at start)
@@ -33,7 +34,8 @@ max_position_embeddings=4096, tie_word_embeddings=True)" 2>&1 | tail -1
 
 install() {  # once per host (agent_smollm2.sh run installs the same batches)
   python3 -c "import sglang, megatron.core, torch_memory_saver" 2>/dev/null && return
-  [ -d /tmp/b1 ] && [ -d /tmp/b2 ] || { echo "a staged batch is missing: the host went cold"; exit 4; }
+  [ -d /tmp/b1 ] || { echo "staged batch b1 is missing (not carried, or the host went cold)"; exit 4; }
+  staged /tmp/b2 b2 b3 b4 b5 b6
   pipi /tmp/b1/*.whl /tmp/b2/*.whl
   python3 -c "import sglang, megatron.core, torch_memory_saver; print('sglang', sglang.__version__)" || exit 3
 }
@@ -80,7 +82,7 @@ PY
 
 case ${1:?phase: b1, b2, one-gpu, gguf-a, smollm2, two-gpu or disagg} in
 b1) mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L ;;
-b2) mkdir -p /tmp/b2 && cp .gpu-wheels/b{2,3,4,5,6}/*.whl /tmp/b2/ && ls /tmp/b1 | wc -l ;;
+b2) stage_wheels /tmp/b2 b2 b3 b4 b5 b6 ;;
 gguf-a) mkdir -p /tmp/gguf && cp .gpu-model/a/* /tmp/gguf/ && ls -la /tmp/gguf ;;
 one-gpu)
   install && prepare_shape

@@ -8,6 +8,23 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 
 elapsed() { echo "[$(( SECONDS ))s] $*"; }
+# stage_wheels DIR BATCH...: copy whichever of .gpu-wheels/BATCH this call carries into DIR and mark
+# each: batches that pass, with the working tree, the 64 MiB a call carries are staged over several
+# calls of one phase (b2 alone, then b3 b5 b6). staged DIR BATCH... exits 4 naming a batch not there.
+stage_wheels() {
+  local dir=$1 b
+  shift
+  mkdir -p "$dir"
+  for b in "$@"; do [ -d .gpu-wheels/$b ] && cp .gpu-wheels/$b/*.whl "$dir/" && touch "$dir/.have-$b"; done
+  echo "staged in $dir: $(ls -A "$dir" | sed -n 's/^\.have-//p' | tr '\n' ' ')"
+}
+staged() {
+  local dir=$1 b
+  shift
+  for b in "$@"; do
+    [ -e "$dir/.have-$b" ] || { echo "staged batch $b is missing (not carried, or the host went cold)"; exit 4; }
+  done
+}
 # Carried wheels into /tmp/site: no index (the host is offline), no dependency resolution.
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@" 2>&1 | grep -v -i warning | tail -3; }
 

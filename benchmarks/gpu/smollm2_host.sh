@@ -3,15 +3,12 @@
 # call takes at most 64 MiB), installed, and the GGUF reassembled; the failed run's error report.
 
 # stage_batch PHASE: b1, b2 or gguf-a, each a call of its own that copies its carried batch to /tmp
-# (kept while the host stays warm, 30 s after a call). b2 copies whichever of .gpu-wheels/b2, b3, b5
-# and b6 the call carries: with the working tree all four pass the 64 MiB a call may carry, so it is
-# two calls (b2 alone, then b3 b5 b6); the install checks that all four arrived.
+# (kept while the host stays warm, 30 s after a call); b2 is two calls (b2 alone, then b3 b5 b6:
+# common.sh's stage_wheels), and the install checks that all four arrived.
 stage_batch() {
   case $1 in
   b1) mkdir -p /tmp/b1 && cp .gpu-wheels/b1/*.whl /tmp/b1/ && nvidia-smi -L && nproc ;;
-  b2) mkdir -p /tmp/b2 && for b in b2 b3 b5 b6; do
-        [ -d .gpu-wheels/$b ] && cp .gpu-wheels/$b/*.whl /tmp/b2/ && touch /tmp/b2/.have-$b; done
-      ls -A /tmp/b2 | grep '^\.have-' | tr '\n' ' '; echo ;;
+  b2) stage_wheels /tmp/b2 b2 b3 b5 b6 ;;
   gguf-a) mkdir -p /tmp/gguf && cp .gpu-model/a/* /tmp/gguf/ && ls -la /tmp/gguf ;;
   *) echo "stage_batch: unknown batch $1"; return 2 ;;
   esac
@@ -23,10 +20,8 @@ stage_batch() {
 # 5 on a checksum mismatch.
 install_smollm2() {
   python3 -c "import sglang, megatron.core" 2>/dev/null || {
-    local b
-    for b in b1/ b2/.have-b2 b2/.have-b3 b2/.have-b5 b2/.have-b6; do
-      [ -e /tmp/$b ] || { echo "staged batch ${b#*-} is missing (not carried, or the host went cold)"; exit 4; }
-    done
+    [ -d /tmp/b1 ] || { echo "staged batch b1 is missing (not carried, or the host went cold)"; exit 4; }
+    staged /tmp/b2 b2 b3 b5 b6
     pipi /tmp/b1/*.whl /tmp/b2/*.whl; }
   python3 -c "import sglang, megatron.core; print('sglang', sglang.__version__)" || exit 3
   local gguf=$SLIME_ASYNC_CACHE/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf
