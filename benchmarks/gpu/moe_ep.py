@@ -40,7 +40,7 @@ def flat(rows) -> torch.Tensor:
     return torch.tensor([x for row in rows for x in row.logprobs], dtype=torch.float64)
 
 
-def run_layout(args, ep: int, batch, normalizer: float, spec) -> dict:
+def run_layout(args, ep: int, world: int, batch, normalizer: float, spec) -> dict:
     """One layout: parity step, then timing; this rank's logprobs and peak memory, rank 0's loss."""
     from megatron.core import parallel_state
 
@@ -52,7 +52,6 @@ def run_layout(args, ep: int, batch, normalizer: float, spec) -> dict:
     megatron = dict(SGD, lr=args.lr, expert_model_parallel_size=ep)
     if args.dispatcher:
         megatron["moe_token_dispatcher_type"] = args.dispatcher
-    world = dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
     config = TrainerConfig(hf_checkpoint=args.model_dir, max_tokens_per_gpu=args.max_tokens_per_gpu,
                            actor_num_procs=world, actor_num_gpus_per_node=world, megatron=megatron).validate()
     ops = TrainerOps(config)
@@ -103,7 +102,7 @@ def main() -> None:
     normalizer = batch.normalizer(spec.loss_agg)
     results = {}
     for ep in args.layouts:
-        results[ep] = run_layout(args, ep, batch, normalizer, spec)
+        results[ep] = run_layout(args, ep, world, batch, normalizer, spec)
     rank = dist.get_rank()
     gathered = [None] * world
     dist.all_gather_object(gathered, {ep: {k: r[k] for k in ("before", "after", "peak")} for ep, r in results.items()})
@@ -123,11 +122,9 @@ def main() -> None:
         before = torch.cat([g[ep]["before"] for g in gathered])
         after = torch.cat([g[ep]["after"] for g in gathered])
         peaks = " / ".join(f"{g[ep]['peak']:.1f}" for g in gathered)
-        ref_loss = results[reference]["loss"]
-        d_loss = abs(r["loss"] - ref_loss) if r["loss"] is not None and ref_loss is not None else float("nan")
         print(f"| EP{ep} x DP{world} | {tokens / r['seconds']:.0f} | {r['seconds']:.3f} | {r['loss']:.6f} "
               f"| {r['grad_norm']:.4f} | {peaks} | {(before - ref_before).abs().max().item():.2e} / "
-              f"{(after - ref_after).abs().max().item():.2e} | {d_loss:.2e} |")
+              f"{(after - ref_after).abs().max().item():.2e} | {abs(r['loss'] - results[reference]['loss']):.2e} |")
     moved = (ref_after - ref_before).abs().max().item()
     print(f"the parity step moves the logprobs by up to {moved:.3f} (EP{reference})", flush=True)
 
