@@ -392,14 +392,18 @@ def latest(rows: list[Row]) -> list[Row]:
     return list(last.values())
 
 
+def _cell(value: float | None) -> str:
+    return "—" if value is None else str(value)  # a run with no fault has no recovery to time
+
+
 def table(rows: list[Row]) -> str:
     head = "| fault | outcome | steps | prompts lost | prompts repeated | recover (s) | baseline step (s) | last line |"
     lines = [head, "|" + "---|" * 8]
     for r in rows:
         last = r.last_line.replace("|", "\\|") if r.outcome == "fails" else ""
         lines.append(f"| {r.fault} | {r.outcome}{' (' + '; '.join(r.notes) + ')' if r.notes else ''} | "
-                     f"{r.steps_trained} | {r.prompts_lost} | {r.prompts_repeated} | {r.recover_s} | "
-                     f"{r.median_step_s} | {last} |")
+                     f"{r.steps_trained} | {r.prompts_lost} | {r.prompts_repeated} | {_cell(r.recover_s)} | "
+                     f"{_cell(r.median_step_s)} | {last} |")
     return "\n".join(lines)
 
 
