@@ -265,8 +265,12 @@ def trained_prompts(dump: Path, steps: int) -> list[str]:
         path = dump / f"step_{step:06d}.jsonl"
         if path.is_file():
             for line in path.read_text().splitlines():
+                try:
+                    groups = json.loads(line)
+                except json.JSONDecodeError:  # the last line of a run stopped while it wrote it
+                    continue
                 prompts += list({sample["prompt"] if isinstance(sample["prompt"], str) else json.dumps(sample["prompt"])
-                                 for sample in json.loads(line)})  # one entry per group
+                                 for sample in groups})  # one entry per group
     return prompts
 
 
@@ -349,6 +353,9 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
         row.outcome = "cut" if cut else "fails"
         return row
     log = run.log()
+    # The logs first: whatever the row's analysis meets, the run's own account is kept.
+    (args.out / f"{name}.log").write_text(log[-200_000:])
+    keep_child_logs(run_dir, args.out / "logs" / name)
     row.exit_code = run.process.returncode
     row.steps_trained = len(run.step_times)
     row.last_line = (log.strip().splitlines() or [""])[-1][:300]
@@ -376,8 +383,6 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
     row.prompts_lost = len(set(expected) - set(trained)) if row.exit_code == 0 else None
     if row.exit_code is not None and row.exit_code < 0 and not cut:
         row.notes.append(f"killed by signal {-row.exit_code}")
-    (args.out / f"{name}.log").write_text(log[-200_000:])
-    keep_child_logs(run_dir, args.out / "logs" / name)
     for bulky in BULKY:
         shutil.rmtree(run_dir / bulky, ignore_errors=True)
     return row
