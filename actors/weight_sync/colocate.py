@@ -93,9 +93,13 @@ class Colocation:
                 c.resume_memory_occupation(["weights"], timeout=self.timeout) for c in clients]))
         update_started = time.monotonic()
         try:
-            await self.tensors.send(clients, version, flush_cache=True)
+            results = await self.tensors.send(clients, version, flush_cache=True)
         except WeightSyncError as error:
             raise ColocateError(f"--colocate: {error}") from error
+        # The phases around the update need every engine (each holds a share of the devices' memory).
+        failures = [f"{c.url}: {r}" for c, r in zip(clients, results) if r is not None]
+        if failures:
+            raise ColocateError(f"--colocate: update_weights_from_tensor failed on engine(s) {'; '.join(failures)}")
         buckets = self.tensors.buckets
         update = time.monotonic() - update_started
         log.info("colocate: update_weights_from_tensor v%d: %d bucket(s) to %d engine(s) (%.2f s)",
@@ -130,7 +134,9 @@ class Colocation:
             return
         await self.trainer.ask("onload", timeout=self.timeout)
         try:
-            await self.tensors.rejoin(client, version)
+            failure = (await self.tensors.rejoin(client, version))[0]
+            if failure is not None:
+                raise ColocateError(f"--colocate: update_weights_from_tensor failed on engine {client.url}: {failure}")
         finally:
             await self.trainer.ask("offload", ["optimizer", "grads", "params"], timeout=self.timeout)
 

@@ -21,7 +21,7 @@ import psutil
 from actors.weight_sync.errors import WeightSyncError
 from slime_async.actor import ActorRef
 from slime_async.engine_client import EngineClient
-from slime_async.task_group import gather_or_cancel, gather_settled
+from slime_async.task_group import gather_settled
 
 log = logging.getLogger(__name__)
 
@@ -57,46 +57,64 @@ class TensorTransport:
                     "--update-weight-transport distributed")
 
     async def send(self, clients: Sequence[EngineClient], version: int, *, flush_cache: bool) -> list[object]:
-        """Every bucket into every engine; ``flush_cache`` with the last one (the engines are idle)."""
+        """Every bucket into every engine; ``flush_cache`` with the last one (the engines are idle).
+        Each engine's outcome: None, or the exception that left it out (unreachable, an error answer):
+        the others get every bucket, and the caller reports the engine as it does a failed disk load."""
         try:
-            self.buckets = await self._send_buckets(clients, str(version), flush_cache)
+            results, self.buckets = await self._send_buckets(clients, str(version), flush_cache)
         finally:
             await self.trainer.ask("end_tensor_export", timeout=self.timeout)
-        return []
+        return results
 
     async def rejoin(self, client: EngineClient, version: int) -> list[object]:
         return await self.send([client], version, flush_cache=False)
 
-    async def _send_buckets(self, clients: Sequence[EngineClient], version: str, flush_cache: bool) -> int:
+    async def _send_buckets(self, clients: Sequence[EngineClient], version: str,
+                            flush_cache: bool) -> tuple[list[object], int]:
         # Engine i's TP worker k opens the handles of the trainer rank on its device: ranks
         # offset_i + k in placement order (the run checked at start that the counts match; a CPU
         # engine reads any rank's shared memory, so fewer ranks than workers wrap around).
         ranks = len(await self.trainer.ask("rank_info"))
-        infos = await gather_or_cancel(*(c.get_server_info(timeout=self.timeout) for c in clients))
+        results: list[object] = list(await gather_settled(*(c.get_server_info(timeout=self.timeout) for c in clients)))
         layout, next_rank = [], 0
-        for info in infos:
-            tp = int(info.get("tp_size") or 1)
+        for result in results:
+            tp = int(result.get("tp_size") or 1) if isinstance(result, dict) else 1
             layout.append([(next_rank + k) % ranks for k in range(tp)])
             next_rank += tp
+        results = [result if isinstance(result, BaseException) else None for result in results]
         serving = sorted({rank for workers in layout for rank in workers})
         sent = 0
         # One bucket at a time: the trainer frees a bucket's tensors when asked for the next, after
         # every engine copied it, so at most one bucket sits beside the weights on the device.
         payloads = await self.trainer.ask("next_tensor_bucket", serving, timeout=self.timeout)
         while payloads is not None:
-            results = await gather_settled(*(
-                c.update_weights_from_tensor([payloads[r] for r in workers], weight_version=version,
-                                             flush_cache=False, timeout=self.timeout)
-                for c, workers in zip(clients, layout)))
-            failures = [f"{c.url}: {r}" for c, r in zip(clients, results) if isinstance(r, BaseException)]
-            if failures:
-                raise WeightSyncError(f"update_weights_from_tensor (bucket {sent + 1}) failed on engine(s) "
-                                      + "; ".join(failures))
+            live = [i for i, result in enumerate(results) if result is None]
+            answers = await gather_settled(*(
+                clients[i].update_weights_from_tensor([payloads[r] for r in layout[i]], weight_version=version,
+                                                      flush_cache=False, timeout=self.timeout) for i in live))
+            for i, answer in zip(live, answers):
+                if isinstance(answer, BaseException):  # out of the later buckets: it holds mixed weights now
+                    results[i] = answer
             sent += 1
             payloads = await self.trainer.ask("next_tensor_bucket", serving, timeout=self.timeout)
+        await self._refuse_mixed_weights(clients, results, version)
         if flush_cache:
-            await gather_settled(*(c.flush_cache(timeout=self.timeout) for c in clients))
-        return sent
+            await gather_settled(*(c.flush_cache(timeout=self.timeout) for c, r in zip(clients, results) if r is None))
+        return results, sent
+
+    async def _refuse_mixed_weights(self, clients: Sequence[EngineClient], results: Sequence[object],
+                                    version: str) -> None:
+        """Each bucket carries the version, so an engine that took some buckets and then failed
+        (an error answer, a dropped connection) may hold a mix under the new version's name, which
+        the router would take for the new weights. One that answers so stops the sync; one that is
+        gone (killed: it restarts with its checkpoint's weights and version) is reported and
+        rejoins with a full set."""
+        failed = [(c, r) for c, r in zip(clients, results) if r is not None]
+        versions = await gather_settled(*(c.get_weight_version(timeout=self.timeout) for c, _ in failed))
+        mixed = [f"{c.url} ({r})" for (c, r), v in zip(failed, versions) if v == version]
+        if mixed:
+            raise WeightSyncError(f"update_weights_from_tensor v{version} failed part-way on engine(s) that now "
+                                  f"report v{version} with a mix of old and new weights: {'; '.join(mixed)}")
 
     def metrics(self) -> dict[str, float]:
         return {"perf/weight_sync_buckets": float(self.buckets)}

@@ -9,7 +9,7 @@ injected once step ``--fault-after`` has trained:
 | none | - | the baseline: step time without a fault |
 | kill9-engine-generating | the engine reports running requests | SIGKILL of the engine's process group |
 | kill9-engine-disk-update | a disk weight sync begins (engines paused) | SIGKILL of the engine |
-| kill9-engine-tensor-update | a CUDA IPC sync begins (GPU only: trainer and engine on one GPU) | SIGKILL of the engine |
+| kill9-engine-tensor-update | an IPC-handle sync begins (GPU: CUDA IPC, trainer and engine on one GPU; CPU: shared memory) | SIGKILL of the engine |
 | kill9-engine-paused-in-place | an in_place sync begins (requests paused with their KV) | SIGKILL of the engine |
 | sigstop-engine | the engine reports running requests | SIGSTOP for --stop-seconds, then SIGCONT |
 | kill9-trainer-rank-update | a weight sync begins | SIGKILL of trainer rank 0 (the run saves every step) |
@@ -67,14 +67,13 @@ class Fault:
     target: str = ""  # "engine" | "rank" | "external" (an engine the driver starts)
     action: str = "kill9"  # "kill9" | "stop" | "restart" (kill9, then start it again on its port)
     flags: tuple[str, ...] = ()
-    gpu_only: bool = False
 
 
 FAULTS = {
     "none": Fault(""),
     "kill9-engine-generating": Fault("generating", "engine"),
     "kill9-engine-disk-update": Fault("sync", "engine", flags=("--update-weight-transport", "disk")),
-    "kill9-engine-tensor-update": Fault("sync", "engine", flags=("--update-weight-transport", "tensor"), gpu_only=True),
+    "kill9-engine-tensor-update": Fault("sync", "engine", flags=("--update-weight-transport", "tensor")),
     "kill9-engine-paused-in-place": Fault("sync", "engine", flags=("--weight-update-mode", "in_place")),
     "sigstop-engine": Fault("generating", "engine", action="stop"),
     "kill9-trainer-rank-update": Fault("sync", "rank", flags=("--save", "{run}/save", "--save-interval", "1")),
@@ -274,6 +273,12 @@ def trained_prompts(dump: Path, steps: int) -> list[str]:
     return prompts
 
 
+def row_numbers(expected: list[str], prompts: set[str], most: int = 10) -> str:
+    """The data rows (0-based) of ``prompts``, the first ``most`` of them: which prompts to look for."""
+    rows = [i for i, prompt in enumerate(expected) if prompt in prompts]
+    return ", ".join(map(str, rows[:most])) + (f" and {len(rows) - most} more" if len(rows) > most else "")
+
+
 def expected_prompts(data: Path, count: int) -> list[str]:
     rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
     return [row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"]) for row in rows[:count]]
@@ -286,8 +291,11 @@ def flag_value(argv: list[str], name: str) -> str | None:
 
 
 def keep_child_logs(run_dir: Path, into: Path, limit: int = 200_000) -> None:
-    """The tail of every log the run's children wrote (engine, torchrun), beside the run's own."""
-    for path in sorted((run_dir / "logs").glob("*.log")):
+    """The tail of every log the run's children wrote (engine, torchrun), beside the run's own, and
+    the run's metrics (its counters say where a lost prompt went: failed groups, stale drops)."""
+    for path in [*sorted((run_dir / "logs").glob("*.log")), run_dir / "metrics.jsonl"]:
+        if not path.is_file():
+            continue
         into.mkdir(parents=True, exist_ok=True)
         data = path.read_bytes()
         (into / path.name).write_bytes(data[-limit:])
@@ -381,6 +389,10 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
     expected = expected_prompts(args.data, args.steps * batch)
     row.prompts_repeated = sum(n - 1 for n in Counter(trained).values() if n > 1)
     row.prompts_lost = len(set(expected) - set(trained)) if row.exit_code == 0 else None
+    if row.prompts_lost:
+        row.notes.append(f"lost rows {row_numbers(expected, set(expected) - set(trained))}")
+    if row.prompts_repeated:
+        row.notes.append(f"repeated rows {row_numbers(expected, {p for p, n in Counter(trained).items() if n > 1})}")
     if row.exit_code is not None and row.exit_code < 0 and not cut:
         row.notes.append(f"killed by signal {-row.exit_code}")
     for bulky in BULKY:
@@ -433,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     own, base = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="rows, table and logs; rows accumulate here")
-    parser.add_argument("--faults", default=",".join(name for name, f in FAULTS.items() if not f.gpu_only))
+    parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--fault-after", type=int, default=2, help="inject once this step has trained")
     parser.add_argument("--stop-seconds", type=float, default=60.0, help="sigstop-engine: how long it stays stopped")
