@@ -78,6 +78,7 @@ class TensorTransport:
         results: list[object] = list(await gather_settled(*(c.get_server_info(timeout=self.timeout) for c in clients)))
         layout, next_rank = [], 0
         for result in results:
+            # One that did not answer gets no bucket; 1 keeps the next engines' ranks where they were.
             tp = int(result.get("tp_size") or 1) if isinstance(result, dict) else 1
             layout.append([(next_rank + k) % ranks for k in range(tp)])
             next_rank += tp
