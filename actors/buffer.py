@@ -426,8 +426,11 @@ class BufferActor(Actor):
             if self._is_stale(entry):
                 self._dropped_groups += 1
                 self._dropped_samples += len(entry.group)
-                log.debug("buffer: group %s (oldest token v%s) dropped as too stale for version %d",
-                          entry.group[0].group_index, entry.oldest, self._horizon)
+                # Routine off-policy (a bound of k >= 1); at 0 (sync) every group is generated on the weights
+                # it trains, so a drop loses a prompt nothing else would report.
+                log.log(logging.WARNING if self.max_staleness == 0 else logging.DEBUG,
+                        "buffer: group %s (oldest token v%s) dropped as too stale for version %d (--max-staleness %d)",
+                        entry.group[0].group_index, entry.oldest, self._horizon, self.max_staleness)
             else:
                 kept.append(entry)
         self._groups = kept

@@ -200,12 +200,14 @@ async def test_stale_groups_are_dropped_and_counted_at_get(start_buffer):
     assert metrics["buffer/staleness_max"] == 1
 
 
-async def test_groups_made_stale_by_a_version_bump_are_dropped(start_buffer):
+async def test_groups_made_stale_by_a_version_bump_are_dropped(start_buffer, caplog):
     buffer = await start_buffer(max_staleness=0)
     await buffer.ask("put", make_group(0, 0))
     await buffer.ask("set_version", 1)
     metrics = await buffer.ask("metrics")
     assert (metrics["buffer/size"], metrics["buffer/dropped_stale"]) == (0, 1)
+    # At a bound of 0 (sync) a drop is never routine: it is said on the console, not only counted.
+    assert [r.levelname for r in caplog.records if "dropped as too stale" in r.message] == ["WARNING"]
 
 
 async def test_mask_offpolicy_keeps_a_group_with_fresh_tokens(start_buffer):
