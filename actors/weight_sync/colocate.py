@@ -97,9 +97,7 @@ class Colocation:
         except WeightSyncError as error:
             raise ColocateError(f"--colocate: {error}") from error
         # The phases around the update need every engine (each holds a share of the devices' memory).
-        failures = [f"{c.url}: {r}" for c, r in zip(clients, results) if r is not None]
-        if failures:
-            raise ColocateError(f"--colocate: update_weights_from_tensor failed on engine(s) {'; '.join(failures)}")
+        _raise_failures("update_weights_from_tensor", clients, results)
         buckets = self.tensors.buckets
         update = time.monotonic() - update_started
         log.info("colocate: update_weights_from_tensor v%d: %d bucket(s) to %d engine(s) (%.2f s)",
@@ -134,9 +132,7 @@ class Colocation:
             return
         await self.trainer.ask("onload", timeout=self.timeout)
         try:
-            failure = (await self.tensors.rejoin(client, version))[0]
-            if failure is not None:
-                raise ColocateError(f"--colocate: update_weights_from_tensor failed on engine {client.url}: {failure}")
+            _raise_failures("update_weights_from_tensor", [client], await self.tensors.rejoin(client, version))
         finally:
             await self.trainer.ask("offload", ["optimizer", "grads", "params"], timeout=self.timeout)
 
@@ -155,9 +151,7 @@ class Colocation:
                 break
             pending = [c for c, _ in failed]
             await asyncio.sleep(0.5)
-        if failed:
-            raise ColocateError("--colocate: release_memory_occupation failed on engine(s) "
-                                + "; ".join(f"{c.url}: {r}" for c, r in failed))
+        _raise_failures("release_memory_occupation", [c for c, _ in failed], [r for _, r in failed])
 
     def metrics(self) -> dict[str, float]:
         """The last update's offload / weight update seconds and memory peaks."""
@@ -166,10 +160,7 @@ class Colocation:
     @staticmethod
     async def _on_engines(clients: Sequence[EngineClient], what: str, calls: Sequence[Awaitable[Any]]) -> None:
         """Run one call per engine at once; any failure raises, naming every engine that failed."""
-        results = await gather_settled(*calls)
-        failures = [f"{c.url}: {r}" for c, r in zip(clients, results) if isinstance(r, BaseException)]
-        if failures:
-            raise ColocateError(f"--colocate: {what} failed on engine(s) {'; '.join(failures)}")
+        _raise_failures(what, clients, await gather_settled(*calls))
 
     async def _phase(self, name: str, work: Awaitable[Any]) -> float:
         started = time.monotonic()
@@ -177,6 +168,13 @@ class Colocation:
         seconds = float(result) if isinstance(result, (int, float)) else time.monotonic() - started
         log.info("colocate: %s (%.3f s)", name, seconds)
         return seconds
+
+
+def _raise_failures(what: str, clients: Sequence[EngineClient], results: Sequence[object]) -> None:
+    """One ColocateError naming every engine whose result is an exception."""
+    failures = [f"{c.url}: {r}" for c, r in zip(clients, results) if isinstance(r, BaseException)]
+    if failures:
+        raise ColocateError(f"--colocate: {what} failed on engine(s) {'; '.join(failures)}")
 
 
 async def _engine_memory(client: EngineClient) -> dict[str, float]:

@@ -75,14 +75,14 @@ class TensorTransport:
         # offset_i + k in placement order (the run checked at start that the counts match; a CPU
         # engine reads any rank's shared memory, so fewer ranks than workers wrap around).
         ranks = len(await self.trainer.ask("rank_info"))
-        results: list[object] = list(await gather_settled(*(c.get_server_info(timeout=self.timeout) for c in clients)))
+        infos = await gather_settled(*(c.get_server_info(timeout=self.timeout) for c in clients))
         layout, next_rank = [], 0
-        for result in results:
+        for info in infos:
             # One that did not answer gets no bucket; 1 keeps the next engines' ranks where they were.
-            tp = int(result.get("tp_size") or 1) if isinstance(result, dict) else 1
+            tp = int(info.get("tp_size") or 1) if isinstance(info, dict) else 1
             layout.append([(next_rank + k) % ranks for k in range(tp)])
             next_rank += tp
-        results = [result if isinstance(result, BaseException) else None for result in results]
+        results: list[object] = [info if isinstance(info, BaseException) else None for info in infos]
         serving = sorted({rank for workers in layout for rank in workers})
         sent = 0
         # One bucket at a time: the trainer frees a bucket's tensors when asked for the next, after

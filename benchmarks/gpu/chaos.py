@@ -387,12 +387,13 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
     batch = int(flag_value(base, "--rollout-batch-size") or args.batch_size)
     trained = trained_prompts(dump, args.steps)
     expected = expected_prompts(args.data, args.steps * batch)
-    row.prompts_repeated = sum(n - 1 for n in Counter(trained).values() if n > 1)
-    row.prompts_lost = len(set(expected) - set(trained)) if row.exit_code == 0 else None
+    counts, lost = Counter(trained), set(expected) - set(trained)
+    row.prompts_repeated = sum(n - 1 for n in counts.values() if n > 1)
+    row.prompts_lost = len(lost) if row.exit_code == 0 else None
     if row.prompts_lost:
-        row.notes.append(f"lost rows {row_numbers(expected, set(expected) - set(trained))}")
+        row.notes.append(f"lost rows {row_numbers(expected, lost)}")
     if row.prompts_repeated:
-        row.notes.append(f"repeated rows {row_numbers(expected, {p for p, n in Counter(trained).items() if n > 1})}")
+        row.notes.append(f"repeated rows {row_numbers(expected, {p for p, n in counts.items() if n > 1})}")
     if row.exit_code is not None and row.exit_code < 0 and not cut:
         row.notes.append(f"killed by signal {-row.exit_code}")
     for bulky in BULKY:
