@@ -116,6 +116,7 @@ class Run:
                                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.tree = Tree(self.process, registry)
         self.step_times: dict[int, float] = {}  # step -> when its metrics row was first seen
+        self.consumed_groups: int | None = None  # the buffer's count at the last metrics row
 
     def poll(self) -> None:
         self.tree.track()
@@ -129,6 +130,8 @@ class Run:
                 continue  # a row being written
             if "train/version" in row:
                 self.step_times.setdefault(int(row["step"]), time.monotonic())
+            if "buffer/consumed_groups" in row:
+                self.consumed_groups = int(row["buffer/consumed_groups"])
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -263,7 +266,9 @@ def trained_prompts(dump: Path, steps: int) -> list[str]:
     for step in range(1, steps + 1):
         path = dump / f"step_{step:06d}.jsonl"
         if path.is_file():
-            for line in path.read_text().splitlines():
+            # b"\n" only: str.splitlines also cuts at U+2028 and U+0085, which orjson leaves raw
+            # inside a generated response (a random model's bytes), and the group would count as lost.
+            for line in path.read_bytes().split(b"\n"):
                 try:
                     groups = json.loads(line)
                 except json.JSONDecodeError:  # the last line of a run stopped while it wrote it
@@ -394,6 +399,9 @@ def run_fault(name: str, args: argparse.Namespace, base: list[str], baseline_ste
         row.notes.append(f"lost rows {row_numbers(expected, lost)}")
     if row.prompts_repeated:
         row.notes.append(f"repeated rows {row_numbers(expected, {p for p, n in counts.items() if n > 1})}")
+    if run.consumed_groups is not None and run.consumed_groups != len(trained):
+        # The run's own count beside the dump's: a disagreement is the driver's to explain, not a loss.
+        row.notes.append(f"the dump holds {len(trained)} groups, the run's metrics {run.consumed_groups}")
     if row.exit_code is not None and row.exit_code < 0 and not cut:
         row.notes.append(f"killed by signal {-row.exit_code}")
     for bulky in BULKY:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import orjson
 import psutil
 
 from benchmarks.gpu.chaos import Row, expected_prompts, latest, main, row_numbers, table, trained_prompts
@@ -25,7 +26,9 @@ def test_expected_and_trained_prompts_count_losses_and_repeats(tmp_path):
     dump = tmp_path / "dump"
     dump.mkdir()
     group = lambda prompt: json.dumps([{"prompt": prompt}, {"prompt": prompt}])  # noqa: E731 - two samples
-    (dump / "step_000001.jsonl").write_text(group("a") + "\n" + group("a") + "\n")
+    # A response holding U+2028 and U+0085, raw in the dump as orjson writes them: still one line.
+    raw = orjson.dumps([{"prompt": "a", "response": "x\u2028y\x85z"}]).decode()
+    (dump / "step_000001.jsonl").write_text(raw + "\n" + group("a") + "\n")
     # A run stopped while it wrote step 2's dump left half a line: the whole lines count.
     (dump / "step_000002.jsonl").write_text(group("c") + "\n" + group("b")[:9])
     assert expected_prompts(data, 2) == ["a", "b"]
