@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-from actors.megatron.bridge import gpt_model_args_from_hf, padded_vocab_size, transformer_config_from_hf
+from actors.megatron.bridge import gpt_model_args_from_hf, hf_config_if_readable, padded_vocab_size, transformer_config_from_hf
 
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
@@ -65,3 +65,15 @@ def test_unsupported_rope_scaling_is_rejected_rather_than_silently_ignored():
                                       "original_max_position_embeddings": 8192}, **SMALL)
     with pytest.raises(ValueError, match="rope_type 'yarn'"):
         transformer_config_from_hf(hf)
+
+
+def test_a_checkpoint_path_that_is_no_directory_is_never_looked_up_on_the_hub(monkeypatch):
+    # The start-time layout checks read the config before the preflight names a missing directory:
+    # a Hub lookup there cost ~25 s of retries on a machine with no network.
+    import huggingface_hub.file_download as hub
+
+    lookups = []
+    monkeypatch.setattr(hub, "get_hf_file_metadata", lambda *args, **kwargs: lookups.append(args) or 1 / 0)
+    assert hf_config_if_readable("m") is None
+    assert hf_config_if_readable("some-org/some-model") is None
+    assert lookups == []

@@ -39,7 +39,9 @@ def load_hf_config(hf_dir_or_config: Any) -> Any:
     if isinstance(hf_dir_or_config, (str, Path)):
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(str(hf_dir_or_config))
+        # Local only: a checkpoint is a directory here. A path that is not one would otherwise be
+        # taken for a Hub id and retried for ~25 s (offline) before the start-time checks go on.
+        return AutoConfig.from_pretrained(str(hf_dir_or_config), local_files_only=True)
     return hf_dir_or_config
 
 
