@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-from actors.megatron.bridge import gpt_model_args_from_hf, hf_config_if_readable, padded_vocab_size, transformer_config_from_hf
+from actors.megatron.bridge import (gpt_model_args_from_hf, hf_config_if_readable, padded_vocab_size,
+                                    transformer_config_from_hf)
 
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
