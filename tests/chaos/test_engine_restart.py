@@ -26,7 +26,8 @@ STEPS = 6
 
 
 def trained_samples(dump: Path, steps: range) -> list[dict]:
-    return [s for step in steps for line in (dump / f"step_{step:06d}.jsonl").read_text().splitlines()
+    # At b"\n" only: a response may hold U+2028 or U+0085, raw in the dump, where str.splitlines cuts.
+    return [s for step in steps for line in (dump / f"step_{step:06d}.jsonl").read_bytes().split(b"\n") if line
             for s in json.loads(line)]
 
 
