@@ -48,6 +48,8 @@ def load_hf_config(hf_dir_or_config: Any) -> Any:
 def hf_config_if_readable(hf_checkpoint: str) -> Any | None:
     """The checkpoint's HF config, or None where it cannot be read: the start-time layout checks
     skip then, and the preflight reports the missing or broken model directory in its own line."""
+    if not Path(hf_checkpoint).is_dir():
+        return None  # not even a local lookup: huggingface_hub's request headers alone go to the network
     try:
         return load_hf_config(hf_checkpoint)
     except Exception:  # noqa: BLE001 - reported by the preflight, not here
