@@ -19,9 +19,14 @@ def dump_groups(directory: str | Path, step: int, groups: Sequence[Sequence[Samp
     return path
 
 
+def read_groups(path: str | Path) -> list[list[dict]]:
+    """One dump file's groups, as the sample dicts it holds. Lines end at b"\n" only: a response may
+    hold U+2028 or U+0085 (orjson writes them raw), where ``str.splitlines`` would cut the line."""
+    return [orjson.loads(line) for line in Path(path).read_bytes().split(b"\n") if line]
+
+
 def load_groups(directory: str | Path) -> Iterator[tuple[int, list[list[Sample]]]]:
     """(step, groups) for every dump in ``directory``, in step order."""
     for path in sorted(Path(directory).glob("step_*.jsonl")):
         step = int(path.stem.split("_")[1])
-        groups = [[Sample.from_dict(d) for d in orjson.loads(line)] for line in path.read_bytes().splitlines() if line]
-        yield step, groups
+        yield step, [[Sample.from_dict(d) for d in group] for group in read_groups(path)]

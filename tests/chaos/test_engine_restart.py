@@ -8,7 +8,6 @@ External: the test's own engine is killed and restarted on its port; the run not
 restart (a healthy engine that reports another weight version) and does the same.
 """
 
-import json
 import os
 import re
 import signal
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import base_argv
+from actors.loop.debug_dump import read_groups
 from actors.weight_sync.delta import Snapshot
 
 # Each case is one short run; on a busy shared machine its start-up alone can take minutes.
@@ -26,9 +26,7 @@ STEPS = 6
 
 
 def trained_samples(dump: Path, steps: range) -> list[dict]:
-    # At b"\n" only: a response may hold U+2028 or U+0085, raw in the dump, where str.splitlines cuts.
-    return [s for step in steps for line in (dump / f"step_{step:06d}.jsonl").read_bytes().split(b"\n") if line
-            for s in json.loads(line)]
+    return [s for step in steps for group in read_groups(dump / f"step_{step:06d}.jsonl") for s in group]
 
 
 def assert_every_step_trained_and_synced(run) -> list[dict]:

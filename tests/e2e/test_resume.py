@@ -20,6 +20,7 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
+from actors.loop.debug_dump import read_groups
 from actors.rollout.data import PromptDataset
 from examples.models.tiny import build_tiny_model
 
@@ -83,7 +84,7 @@ def wait_for_checkpoint(save: Path, step: int, run: subprocess.Popen, log_path: 
 
 
 def trained_groups(dump: Path, steps: range) -> list[list[dict]]:
-    return [json.loads(line) for step in steps for line in (dump / f"step_{step:06d}.jsonl").read_text().splitlines()]
+    return [group for step in steps for group in read_groups(dump / f"step_{step:06d}.jsonl")]
 
 
 def run_state(save: Path, step: int) -> dict:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from actors.loop.debug_dump import read_groups
+
 
 def train(root: Path, argv: list[str], *, import_dirs: tuple[Path, ...] = (), timeout: float = 600) -> dict[str, Any]:
     """Run ``slime-async train ARGV --run-dir root/run --save-debug-rollout-data root/dump`` in
@@ -21,8 +23,6 @@ def train(root: Path, argv: list[str], *, import_dirs: tuple[Path, ...] = (), ti
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
     assert result.returncode == 0, result.stderr[-4000:]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # At b"\n" only: a response may hold U+2028 or U+0085, raw in the dump, where str.splitlines cuts.
-    dumped = [json.loads(line) for path in sorted(dump.glob("step_*.jsonl")) for line in path.read_bytes().split(b"\n")
-              if line]
+    dumped = [group for path in sorted(dump.glob("step_*.jsonl")) for group in read_groups(path)]
     return {"metrics": metrics, "samples": [s for group in dumped for s in group], "stderr": result.stderr,
             "dump": dump}
