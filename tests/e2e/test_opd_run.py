@@ -51,7 +51,10 @@ def engine_teacher_run(models):
     root = models["root"] / "engine"
     root.mkdir()
     (root / "opd_long_generate.py").write_text(LONG_GENERATE)
-    return train(root, [*common(models, max_len=256), "--train-mode", "fully-async", "--max-staleness", "1",
+    # Staleness 2: the rollout may run two steps ahead, so it is still generating when the first sync
+    # lands even where training is slow (at 1 it once finished its 4 samples and waited at the bound
+    # before step 1's sync, and nothing was resumed).
+    return train(root, [*common(models, max_len=256), "--train-mode", "fully-async", "--max-staleness", "2",
                         "--opd-type", "sglang", "--opd-teacher-hf-checkpoint", str(models["teacher"]),
                         "--rollout-concurrency", "1",
                         "--custom-generate-function-path", "opd_long_generate:long_generate"], import_dirs=(root,))
