@@ -125,7 +125,8 @@ async def build_fleet(config: EngineConfig, model_path: str, log_dir: Path, *, g
         fleet.urls.append(url)
         fleet.specs.append(spec)
         fleet.nodes.append(node)
-        fleet.children.append(ChildSpec(name, _starter(spec, log_dir, node)))
+        # All engines start at once (each has GPUs of its own); a delta receiver, at its turn, after its engine.
+        fleet.children.append(ChildSpec(name, _starter(spec, log_dir, node), start_early=True))
         if kind == "sglang" and delta_receivers:
             receiver_port = await node.free_port() if multi_node else free_port(host)
             receiver = delta_receiver_spec(f"delta-receiver-{index}", url, model_path, host, receiver_port,
@@ -157,7 +158,7 @@ async def build_teacher(config: EngineConfig, kind: str, log_dir: Path, *, first
                                    ready_timeout=config.engine_start_timeout)
     else:
         spec = cpu_engine_spec("teacher-engine", model_path, host, port, config, policy=False)
-    return f"http://{host}:{port}", [ChildSpec(spec.name, _starter(spec, log_dir, LocalNode(host)))]
+    return f"http://{host}:{port}", [ChildSpec(spec.name, _starter(spec, log_dir, LocalNode(host)), start_early=True)]
 
 
 def _starter(spec: ProcessSpec, log_dir: Path, node: Node):

@@ -178,9 +178,12 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
                                                         resume_step=_resume_step(config, restarts)))),
         ChildSpec("buffer", lambda: spawn(BufferActor(config.buffer, groups_per_step=config.groups_per_version))),
     ]
+    early_rollout = False
     if not config.train.debug_rollout_only:
         # PPO's critic is a second torchrun group of the same actor (one RPC agent per process).
         critic = critic_trainer_config(config.trainer, config.critic) if uses_critic(config.algorithm) else None
+        if early_rollout := rollout_starts_with_trainer(config, gpu_available, restarts):
+            specs.append(ChildSpec("rollout", lambda: start_rollout(generate=True)))
         specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, logs, critic=critic,
                                                                      critic_first_gpu=critic_first_gpu,
                                                                      nodes=cluster.nodes, trace=trace)),
@@ -194,7 +197,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             colocate=config.train.colocate, trace=trace,
             hold_dir=Path(config.train.debug_hold_weight_sync) if config.train.debug_hold_weight_sync else None))))
 
-    async def start_rollout():
+    async def start_rollout(*, generate: bool = False):
         vocab_size = _vocab_size(config.trainer.hf_checkpoint)
         teacher = None if teacher_url is None else TeacherScorer(
             teacher_url, vocab_size=await _teacher_vocab_size(config, teacher_url, vocab_size),
@@ -207,9 +210,14 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         rollout.ctx.router_api_key = config.router.router_api_key
         if r.use_rollout_routing_replay:  # the MoE layers the samples' routed experts keep
             rollout.ctx.routed_layout = model_routed_layout(config.trainer.hf_checkpoint)
-        return await spawn(rollout)
+        ref = await spawn(rollout)
+        if generate:
+            log.info("rollout: generating beside the trainer's start (the engines serve the weights it starts from)")
+            ref.tell("start")
+        return ref
 
-    specs.append(ChildSpec("rollout", start_rollout))
+    if not early_rollout:
+        specs.append(ChildSpec("rollout", start_rollout))
     root = Supervisor("slime-async", specs, max_restarts=0, max_seconds=1)
 
     async def main(_root: Supervisor) -> int:
@@ -283,6 +291,17 @@ def trainer_starts_with_engines(config: RunConfig, gpu_available: bool) -> bool:
     Not where they share GPUs: SGLang sizes its memory pool from what is free on the device when it
     starts, and the colocation phases begin with the engines holding the devices."""
     return not gpu_available or not engines_share_trainer_gpus(config)
+
+
+def rollout_starts_with_trainer(config: RunConfig, gpu_available: bool, restarts: int) -> bool:
+    """Whether the rollout generates while the trainer's ranks are still starting, its child placed
+    before the trainer's (the first step's groups are ready sooner, or done, when the trainer is).
+    Only where the engines already serve the weights the trainer starts from, the HF checkpoint, and
+    keep their devices: no --load or restart (a checkpoint's weights reach the engines by a sync first),
+    owned engines (an external one serves whatever it was given last), no colocation (the engines get
+    the devices only once the trainer is up), and the trainer starting beside the engines."""
+    return (trainer_starts_with_engines(config, gpu_available) and not config.train.colocate
+            and not config.checkpoint.load and not restarts and config.engine.engine_type != "external")
 
 
 def critic_gpu_offset(config: RunConfig, policy_gpus: int, gpu_count: int) -> int:

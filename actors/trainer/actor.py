@@ -189,6 +189,7 @@ class TrainerActor(Actor):
                            cwd=str(PACKAGES_ROOT))
 
     async def on_start(self) -> None:
+        started = self._trace.now()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         head = self.nodes[0]
         rpc_port = free_port(head.address)
@@ -218,6 +219,9 @@ class TrainerActor(Actor):
             await self.on_stop()
             raise
         log.info("trainer ready: %d ranks, dp=%d tp=%d pp=%d", self.num_ranks, self.dp_size, self.ranks[0].tp_size, self.ranks[0].pp_size)
+        # In the trace, what the first rollout overlaps (actors/loop/launch.py: rollout_starts_with_trainer).
+        self._trace.record("start", self._trace.lane(worker.rpc_prefix(self.policy.role), "ranks"), started, cat="start",
+                           ranks=self.num_ranks)
         self.spawn(self._escalate(), name=f"{self.name}:groups")
 
     def _child(self, node: Node | None, spec: ProcessSpec, group: str,

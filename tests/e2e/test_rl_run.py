@@ -205,6 +205,15 @@ def test_the_trace_has_a_span_per_generation_per_engine_reward_trainer_op_and_bu
     assert named(spans, "wait for data", "buffer") and named(spans, "wait for admission", "buffer")
 
 
+def test_the_first_rollout_generates_while_the_trainer_is_still_starting(sync_trace):
+    # The engines serve the HF checkpoint the trainer starts from, so step 1's rollout need not wait
+    # for the trainer's ranks (seconds of imports and model build on CPU, a minute on a GPU).
+    spans = timeline(sync_trace)
+    [start] = named(spans, "start", "trainer")
+    first = min(e["ts"] for e in named(spans, "generate"))
+    assert first < start["ts"] + start["dur"]
+
+
 def test_each_weight_sync_in_the_trace_holds_its_pause_transfer_and_resume(sync_trace):
     spans = timeline(sync_trace)
     syncs = sorted(named(spans, "weight sync v", "weight sync"), key=lambda e: e["ts"])

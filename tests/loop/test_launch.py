@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from actors.loop.launch import should_restart, trainer_starts_with_engines
+from actors.loop.launch import rollout_starts_with_trainer, should_restart, trainer_starts_with_engines
 from actors.loop.run_config import RunConfig
 from actors.loop.train_loop import RunProgress
 from slime_async.config.sections import CheckpointConfig
@@ -49,3 +49,19 @@ def test_engines_sharing_the_trainers_gpus_start_first():
     config = replace(config, engine=replace(config.engine, rollout_share_trainer_gpus=True))
     assert not trainer_starts_with_engines(config, True)
 
+
+
+@pytest.mark.parametrize(("section", "change", "gpu", "restarts", "early"), [
+    ("train", {}, False, 0, True),  # the engines serve the HF checkpoint the trainer starts from
+    ("train", {}, True, 0, True),
+    ("train", {}, False, 1, False),  # a restart's weights come from its checkpoint, by a sync first
+    ("checkpoint", {"load": "/ckpt"}, False, 0, False),
+    ("engine", {"engine_type": "external"}, False, 0, False),  # serves whatever it was given last
+    ("train", {"colocate": True}, False, 0, False),  # the engines get the devices once the trainer is up
+    ("engine", {"rollout_share_trainer_gpus": True}, True, 0, False),
+])
+def test_the_rollout_generates_during_the_trainers_start_only_from_the_weights_it_starts_from(
+        section, change, gpu, restarts, early):
+    config = RunConfig()
+    config = replace(config, **{section: replace(getattr(config, section), **change)})
+    assert rollout_starts_with_trainer(config, gpu, restarts) is early
