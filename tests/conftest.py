@@ -10,6 +10,12 @@ Set SLIME_ASYNC_STRICT_SGLANG_PRECONDITIONS=0 to run the suite with refusing eng
 
 import os
 
-from actors.engine.cpu.preconditions import STRICT_ENV
+# One torch thread per process, for this process and every child it starts (read when torch loads):
+# the suite's engines, trainer ranks and runs share 2 cores, where a tiny model only loses time to
+# OpenMP hand-offs and spinning threads (tests/e2e/test_rl_run.py: 71 s of wall, 85 s of CPU at the
+# default of 2; 59 s, 69 s at 1).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from actors.engine.cpu.preconditions import STRICT_ENV  # noqa: E402
 
 os.environ.setdefault(STRICT_ENV, "1")

@@ -280,42 +280,16 @@ async def strict_flush_after_update(http, url, other_weights_dir, left):
     await call(http, url, "/update_weights_from_disk", {"model_path": str(other_weights_dir)})
 
 
-async def strict_release(http, url, _, left):
-    left.append(await paused_in_place(http, url))
-    await call(http, url, "/release_memory_occupation", {})
-
-
-async def strict_resume(http, url, _, left):
-    await call(http, url, "/resume_memory_occupation", {"tags": ["weights"]})
-
-
-async def strict_unknown_group(http, url, _, left):
-    await call(http, url, "/update_weights_from_distributed",
-               {"names": [], "dtypes": [], "shapes": [], "group_name": "nope"})
-
-
-async def strict_empty_group_name(http, url, _, left):
-    await call(http, url, "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": free_port(),
-                                                         "rank_offset": 1, "world_size": 2, "group_name": ""})
-
-
 async def strict_no_payload(http, url, _, left):
     await call(http, url, "/update_weights_from_tensor", {"serialized_named_tensors": []})
 
 
-async def strict_unknown_load_format(http, url, _, left):
-    payload = serialize_named_tensors([("model.norm.weight", torch.ones(64))])
-    await call(http, url, "/update_weights_from_tensor", {"serialized_named_tensors": [payload], "load_format": "x"})
-
-
+# Every precondition above is refused through Preconditions.violated (each test sees its count go up
+# there), which is where strict mode exits instead: two engines show the exit, one with a request in
+# the running batch, one idle (an engine start is ~6 s of the suite each).
 @pytest.mark.parametrize(("sequence", "error"), [
     (strict_flush_after_update, FLUSH_FAILED),
-    (strict_release, "AssertionError: release_memory_occupation should be called only when server is idle."),
-    (strict_resume, "KeyError: 'weights'"),
-    (strict_unknown_group, "AssertionError: Group nope not in []. Please call `init_weights_update_group` first."),
-    (strict_empty_group_name, "AssertionError: Group name cannot be empty"),
     (strict_no_payload, "IndexError: list index out of range"),
-    (strict_unknown_load_format, "NotImplementedError: Unknown load_format=x"),
 ], ids=lambda value: value.__name__.removeprefix("strict_") if callable(value) else None)
 async def test_a_strict_engine_exits_with_sglangs_error_where_sglang_dies(
         tiny_model_dir, other_weights_dir, tmp_path, sequence, error):
