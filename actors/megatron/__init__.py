@@ -11,10 +11,10 @@ critic (`actors.critic`). A library, not a component: it imports no component, a
   and global batches.
 - ``rank``: `MegatronRank`, what every rank does whatever its model computes.
 - ``protocol``: what any rank answers over RPC (`RankInfo`, `TrainerOpError`).
-- ``jit_fuser``: megatron-core's torch.compile decorator off without CUDA (it costs a CPU rank ~2 s of imports).
+- ``jit_fuser``: megatron-core's torch.compile decorator off without CUDA (it costs a CPU rank ~1.5 s of imports).
 - ``worker``: the serving loop of a worker program (``-m actors.trainer.worker``, ``-m actors.critic.worker``).
 """
 
 from actors.megatron.jit_fuser import jit_fuser_off_without_cuda
 
-jit_fuser_off_without_cuda()  # ~2 s of every CPU rank's start (see the module)
+jit_fuser_off_without_cuda()  # ~1.5 s of every CPU rank's start (see the module)
