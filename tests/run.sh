@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: install into ./.venv, then run the whole suite (CPU only, 27–30 min on 2 cores).
+# The test command: install into ./.venv, then run the whole suite (CPU only, 27–28 min on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/setup-venv
