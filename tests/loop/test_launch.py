@@ -50,7 +50,6 @@ def test_engines_sharing_the_trainers_gpus_start_first():
     assert not trainer_starts_with_engines(config, True)
 
 
-
 @pytest.mark.parametrize(("section", "change", "gpu", "restarts", "early"), [
     ("train", {}, False, 0, True),  # the engines serve the HF checkpoint the trainer starts from
     ("train", {}, True, 0, True),
