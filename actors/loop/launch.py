@@ -178,12 +178,13 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
                                                         resume_step=_resume_step(config, restarts)))),
         ChildSpec("buffer", lambda: spawn(BufferActor(config.buffer, groups_per_step=config.groups_per_version))),
     ]
-    early_rollout = False
+    early_rollout = not config.train.debug_rollout_only and rollout_starts_with_trainer(config, gpu_available, restarts)
+    rollout_spec = ChildSpec("rollout", lambda: start_rollout(generate=early_rollout))
     if not config.train.debug_rollout_only:
         # PPO's critic is a second torchrun group of the same actor (one RPC agent per process).
         critic = critic_trainer_config(config.trainer, config.critic) if uses_critic(config.algorithm) else None
-        if early_rollout := rollout_starts_with_trainer(config, gpu_available, restarts):
-            specs.append(ChildSpec("rollout", lambda: start_rollout(generate=True)))
+        if early_rollout:  # before the trainer in the start order
+            specs.append(rollout_spec)
         specs.append(ChildSpec("trainer", lambda: spawn(TrainerActor(config.trainer, logs, critic=critic,
                                                                      critic_first_gpu=critic_first_gpu,
                                                                      nodes=cluster.nodes, trace=trace)),
@@ -197,7 +198,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             colocate=config.train.colocate, trace=trace,
             hold_dir=Path(config.train.debug_hold_weight_sync) if config.train.debug_hold_weight_sync else None))))
 
-    async def start_rollout(*, generate: bool = False):
+    async def start_rollout(*, generate: bool):
         vocab_size = _vocab_size(config.trainer.hf_checkpoint)
         teacher = None if teacher_url is None else TeacherScorer(
             teacher_url, vocab_size=await _teacher_vocab_size(config, teacher_url, vocab_size),
@@ -217,7 +218,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
         return ref
 
     if not early_rollout:
-        specs.append(ChildSpec("rollout", start_rollout))
+        specs.append(rollout_spec)
     root = Supervisor("slime-async", specs, max_restarts=0, max_seconds=1)
 
     async def main(_root: Supervisor) -> int:

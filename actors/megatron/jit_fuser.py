@@ -3,10 +3,10 @@
 megatron-core wraps its fused activations and norms in ``torch.compile`` (``megatron.core.jit``) as
 its modules are imported. The decorator alone imports TorchDynamo and Inductor's compiler: ~1.5 s of
 every rank's start on CPU (Inductor; transformers imports Dynamo there anyway), where none of those
-kernels runs (the fusions are off there). megatron-core's own ``disable_jit_fuser()`` makes the decorator a no-op, but it
-must run between ``megatron.core.jit``'s execution and the first module that imports ``jit_fuser``,
-all inside ``import megatron.core``: so the module's loader calls it right after executing the
-module. With CUDA nothing changes.
+kernels runs (the fusions are off there). megatron-core's own ``disable_jit_fuser()`` makes the
+decorator a no-op, but it must run between ``megatron.core.jit``'s execution and the first module
+that imports ``jit_fuser``, all inside ``import megatron.core``: so the module's loader calls it
+right after executing the module. With CUDA nothing changes.
 """
 
 from __future__ import annotations

@@ -220,8 +220,8 @@ class TrainerActor(Actor):
             raise
         log.info("trainer ready: %d ranks, dp=%d tp=%d pp=%d", self.num_ranks, self.dp_size, self.ranks[0].tp_size, self.ranks[0].pp_size)
         # In the trace, what the first rollout overlaps (actors/loop/launch.py: rollout_starts_with_trainer).
-        self._trace.record("start", self._trace.lane(worker.rpc_prefix(self.policy.role), "ranks"), started, cat="start",
-                           ranks=self.num_ranks)
+        lane = self._trace.lane(worker.rpc_prefix(self.policy.role), "ranks")
+        self._trace.record("start", lane, started, cat="start", ranks=self.num_ranks)
         self.spawn(self._escalate(), name=f"{self.name}:groups")
 
     def _child(self, node: Node | None, spec: ProcessSpec, group: str,
