@@ -15,8 +15,9 @@ import logging
 import sys
 import time
 from collections.abc import Awaitable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from actors.buffer import BufferActor
 from actors.critic.config import critic_checkpoint, critic_trainer_config
@@ -132,25 +133,54 @@ async def _teacher_vocab_size(config: RunConfig, teacher_url: str, student_vocab
     return _vocab_size(teacher_dir)
 
 
-def _dataset(config: RunConfig, path: str, tokenizer, *, shuffle: bool, num_epoch: int) -> PromptDataset:
-    return prompt_dataset(config.rollout, path, tokenizer, shuffle=shuffle, num_epoch=num_epoch)
+@dataclass(frozen=True)
+class RunData:
+    """The tokenizer and the prompts of a run, and the steps they make."""
+
+    tokenizer: Any
+    dataset: PromptDataset
+    eval_dataset: dict[str, PromptDataset] | None  # {name: dataset} of --eval-prompt-data
+    total_steps: int
+
+
+def load_run_data(config: RunConfig) -> RunData:
+    """Read --prompt-data (and --eval-prompt-data) with the model's tokenizer; a file none of whose
+    rows is usable raises ValueError naming it."""
+    r = config.rollout
+    tokenizer = _load_tokenizer(config)
+    dataset = prompt_dataset(r, r.prompt_data, tokenizer, shuffle=r.rollout_shuffle, num_epoch=r.num_epoch)
+    total_steps = r.num_rollout or max(1, (len(dataset) * r.num_epoch) // r.rollout_batch_size)
+    return RunData(tokenizer, dataset, eval_datasets(r, tokenizer), total_steps)
 
 
 async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunProgress, cluster: Cluster,
                 trace: TraceRecorder) -> int:
-    import torch
-
     if config.train.debug_train_only:
         return await _trainer_only(config, run_dir, 0, lambda root: replay_loop(
             config, trainer=root.child("trainer"), monitor=root.child("monitor")), cluster=cluster, trace=trace)
-    tokenizer = _load_tokenizer(config)
-    r = config.rollout
-    dataset = _dataset(config, r.prompt_data, tokenizer, shuffle=r.rollout_shuffle, num_epoch=r.num_epoch)
-    eval_dataset = eval_datasets(r, tokenizer)  # {name: dataset} of --eval-prompt-data, or None
-    total_steps = r.num_rollout or max(1, (len(dataset) * r.num_epoch) // r.rollout_batch_size)
-    logs = run_dir / "logs"
     if config.algorithm.loss_type == "sft":
-        return await _sft_main(config, run_dir, dataset, tokenizer, total_steps, cluster, trace)
+        return await _sft_main(config, run_dir, load_run_data(config), cluster, trace)
+    # The tokenizer and the prompts load while the engines and the trainer's ranks start: seconds of
+    # imports (transformers) that no child waits for. A thread: the event loop spawns the children
+    # meanwhile, and only the transformers import runs beside its (small) imports of start-up.
+    # Prompt files that exist were checked before (preflight); one with no usable row fails the
+    # start here, with its name, and the children already started are stopped.
+    data_load = asyncio.ensure_future(asyncio.to_thread(load_run_data, config))
+    try:
+        return await _rl_main(config, run_dir, restarts, progress, cluster, trace, data_load)
+    finally:
+        if not data_load.done():
+            data_load.cancel()
+        elif not data_load.cancelled():
+            data_load.exception()  # retrieved: a failure was reported where the start awaited it
+
+
+async def _rl_main(config: RunConfig, run_dir: Path, restarts: int, progress: RunProgress, cluster: Cluster,
+                   trace: TraceRecorder, data_load: asyncio.Future[RunData]) -> int:
+    import torch
+
+    r = config.rollout
+    logs = run_dir / "logs"
     gpu_available = torch.cuda.is_available()
     trainer_gpus = 0 if config.train.debug_rollout_only or not gpu_available else config.trainer.actor_num_gpus_per_node
     critic_first_gpu = critic_gpu_offset(config, trainer_gpus, torch.cuda.device_count() if gpu_available else 0)
@@ -167,15 +197,24 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     def child(name: str):
         return root.child(name)
 
+    async def start_router():
+        data = await data_load
+        return await spawn(RouterActor(config.router, fleet.urls, api_key=config.engine.engine_api_key,
+                                       model=_text_model(config, data.tokenizer), trace=trace))
+
+    async def start_monitor():
+        data = await data_load
+        return await spawn(MonitorActor(config.monitor, run_dir, total_steps=data.total_steps,
+                                        resume_step=_resume_step(config, restarts)))
+
     specs = [
-        ChildSpec("engines", lambda: spawn(Supervisor(
+        # The first child: a prompt file that fails to load ends the start at once, not once the
+        # engines are up (minutes, for SGLang).
+        ChildSpec("engines", lambda: start_unless_failed(data_load, spawn(Supervisor(
             "engines", fleet.children + teacher_children, max_restarts=config.cluster.supervisor_max_restarts,
-            max_seconds=config.cluster.supervisor_max_seconds))),
-        ChildSpec("router", lambda: spawn(RouterActor(config.router, fleet.urls,
-                                                      api_key=config.engine.engine_api_key,
-                                                      model=_text_model(config, tokenizer), trace=trace))),
-        ChildSpec("monitor", lambda: spawn(MonitorActor(config.monitor, run_dir, total_steps=total_steps,
-                                                        resume_step=_resume_step(config, restarts)))),
+            max_seconds=config.cluster.supervisor_max_seconds)))),
+        ChildSpec("router", start_router),
+        ChildSpec("monitor", start_monitor),
         ChildSpec("buffer", lambda: spawn(BufferActor(config.buffer, groups_per_step=config.groups_per_version))),
     ]
     early_rollout = not config.train.debug_rollout_only and rollout_starts_with_trainer(config, gpu_available, restarts)
@@ -199,12 +238,13 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             hold_dir=Path(config.train.debug_hold_weight_sync) if config.train.debug_hold_weight_sync else None))))
 
     async def start_rollout(*, generate: bool):
+        data = await data_load
         vocab_size = _vocab_size(config.trainer.hf_checkpoint)
         teacher = None if teacher_url is None else TeacherScorer(
             teacher_url, vocab_size=await _teacher_vocab_size(config, teacher_url, vocab_size),
             api_key=config.engine.engine_api_key, timeout=config.engine.engine_request_timeout)
-        rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=dataset,
-                               tokenizer=tokenizer, vocab_size=vocab_size,
+        rollout = RolloutActor(r, router=child("router"), buffer=child("buffer"), dataset=data.dataset,
+                               tokenizer=data.tokenizer, vocab_size=vocab_size,
                                plugin_settings=flatten_config(config), trace=trace, teacher=teacher)
         # Hooks reach the router's HTTP front here (OpenAI-client agents, slime-style plug-ins).
         rollout.ctx.router_url = await child("router").ask("front_url")
@@ -222,6 +262,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     root = Supervisor("slime-async", specs, max_restarts=0, max_seconds=1)
 
     async def main(_root: Supervisor) -> int:
+        data = await data_load
         trainer = None if config.train.debug_rollout_only else child("trainer")
         checkpointer = RunCheckpointer(config.checkpoint, trainer=trainer, rollout=child("rollout"),
                                        buffer=child("buffer"), critic=uses_critic(config.algorithm))
@@ -242,7 +283,7 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
             await child("buffer").ask("set_version", start_version)
         handles = Handles(rollout=child("rollout"), buffer=child("buffer"), trainer=trainer, router=child("router"),
                           monitor=child("monitor"), weight_sync=sync, checkpointer=checkpointer,
-                          eval_dataset=eval_dataset, total_steps=total_steps, start_step=start_step,
+                          eval_dataset=data.eval_dataset, total_steps=data.total_steps, start_step=start_step,
                           start_version=start_version, restarts=restarts, progress=progress,
                           colocate=config.train.colocate, trace=trace)
         if sync is not None:
@@ -316,6 +357,18 @@ def critic_gpu_offset(config: RunConfig, policy_gpus: int, gpu_count: int) -> in
     return policy_gpus if 2 * policy_gpus + engine_gpus <= gpu_count else 0
 
 
+async def start_unless_failed(other: asyncio.Future, start: Awaitable[ActorRef]) -> ActorRef:
+    """``start``'s actor, unless ``other`` fails first: then the start is cancelled (what it started
+    stops) and ``other``'s error raised."""
+    starting = asyncio.ensure_future(start)
+    await asyncio.wait([starting, other], return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done() and not other.cancelled() and other.exception() is not None:
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        raise other.exception()
+    return await starting
+
+
 def _text_model(config: RunConfig, tokenizer) -> TextModel:
     """What the router's HTTP front needs of the model: tokenizer, chat template, context."""
     model = TextModel.load(config.trainer.hf_checkpoint, tokenizer=tokenizer,
@@ -334,12 +387,11 @@ def _resume_step(config: RunConfig, restarts: int) -> int | None:
     return 1 if restarts else None
 
 
-async def _sft_main(config: RunConfig, run_dir: Path, dataset, tokenizer, total_steps: int, cluster: Cluster,
-                    trace: TraceRecorder) -> int:
+async def _sft_main(config: RunConfig, run_dir: Path, data: RunData, cluster: Cluster, trace: TraceRecorder) -> int:
     """The warm start: trainer and monitor only, no engines."""
-    return await _trainer_only(config, run_dir, total_steps, lambda root: sft_loop(
-        trainer=root.child("trainer"), monitor=root.child("monitor"), dataset=dataset, tokenizer=tokenizer,
-        spec=config.algorithm, batch_size=config.rollout.rollout_batch_size, total_steps=total_steps,
+    return await _trainer_only(config, run_dir, data.total_steps, lambda root: sft_loop(
+        trainer=root.child("trainer"), monitor=root.child("monitor"), dataset=data.dataset, tokenizer=data.tokenizer,
+        spec=config.algorithm, batch_size=config.rollout.rollout_batch_size, total_steps=data.total_steps,
         save_hf=config.checkpoint.save_hf), cluster=cluster, trace=trace)
 
 

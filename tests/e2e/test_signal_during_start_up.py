@@ -1,6 +1,8 @@
 """SIGTERM at any moment of a real `slime-async train`, start-up included, stops the whole tree
 within seconds and leaves no descendant: every descendant PID seen while the run lived (polled
-with psutil) must be gone afterwards, not just those whose command line names the run."""
+with psutil) must be gone afterwards, not just those whose command line names the run. A prompt
+file with no usable row, found while the engines and the trainer start, ends the start the same
+way, with one line naming the file."""
 
 from __future__ import annotations
 
@@ -48,29 +50,55 @@ def _descendants(pid: int) -> dict[int, str]:
     return found
 
 
-@pytest.mark.parametrize("moment", ["one second after launch", "while the trainer ranks start"])
-def test_sigterm_stops_the_run_and_every_descendant(inputs, moment, tmp_path):
-    root, model, data = inputs
-    command = [sys.executable, "-m", "actors.loop.cli", "train", "--run-dir", str(tmp_path / "run"),
+def _launch(root: Path, model: Path, data: Path, run_dir: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "actors.loop.cli", "train", "--run-dir", str(run_dir),
                "--no-progress-bar", "--hf-checkpoint", str(model), "--prompt-data", str(data),
                "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "2",
                "--rollout-max-response-len", "8", "--rm-type", "exact", "--engine-type", "cpu",
                "--micro-batch-size", "4"]
-    main = subprocess.Popen(command, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(command, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _watch(main: subprocess.Popen, seen: dict[int, str], until=lambda: False) -> None:
+    """Record ``main``'s descendants in ``seen`` until ``until()`` holds or it exits (300 s at most)."""
+    launched = time.monotonic()
+    while main.poll() is None and time.monotonic() - launched < 300 and not until():
+        seen |= _descendants(main.pid)
+        time.sleep(0.05)
+
+
+def _assert_no_descendant_left(seen: dict[int, str]) -> None:
+    deadline = time.monotonic() + 10
+    while alive(set(seen)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = {pid: seen[pid] for pid in alive(set(seen))}
+    assert not left, f"descendants outlived the run: {left}"
+
+
+def _kill(main: subprocess.Popen, seen: dict[int, str]) -> None:
+    main.kill()
+    for pid in alive(set(seen)):
+        psutil.Process(pid).kill()
+
+
+@pytest.mark.parametrize("moment", ["one second after launch", "while the trainer ranks start"])
+def test_sigterm_stops_the_run_and_every_descendant(inputs, moment, tmp_path):
+    root, model, data = inputs
+    main = _launch(root, model, data, tmp_path / "run")
     seen: dict[int, str] = {}
+    launched = time.monotonic()
+    trainer_seen: list[float] = []
+
+    def signal_now() -> bool:
+        if moment == "one second after launch":
+            return time.monotonic() - launched >= 1.0
+        if not trainer_seen and any("actors.trainer.worker" in c for c in seen.values()):
+            trainer_seen.append(time.monotonic())
+        return bool(trainer_seen) and time.monotonic() - trainer_seen[0] >= 1.0
+
     try:
-        launched = time.monotonic()
-        trainer_seen = None
-        while main.poll() is None and time.monotonic() - launched < 300:
-            seen |= _descendants(main.pid)
-            if moment == "one second after launch" and time.monotonic() - launched >= 1.0:
-                break
-            if trainer_seen is None and any("actors.trainer.worker" in c for c in seen.values()):
-                trainer_seen = time.monotonic()
-            if trainer_seen is not None and time.monotonic() - trainer_seen >= 1.0:
-                break
-            time.sleep(0.05)
+        _watch(main, seen, signal_now)
         assert main.poll() is None, "the run ended before the signal"
         seen |= _descendants(main.pid)
         main.send_signal(signal.SIGTERM)
@@ -83,12 +111,27 @@ def test_sigterm_stops_the_run_and_every_descendant(inputs, moment, tmp_path):
         assert took < EXIT_WITHIN_S, f"the run took {took:.1f} s to stop after SIGTERM"
         if moment == "while the trainer ranks start":
             assert "received SIGTERM during start-up" in stderr, stderr[-3000:]
-        deadline = time.monotonic() + 10
-        while alive(set(seen)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = {pid: seen[pid] for pid in alive(set(seen))}
-        assert not left, f"descendants outlived the run: {left}"
+        _assert_no_descendant_left(seen)
     finally:
-        main.kill()
-        for pid in alive(set(seen)):
-            psutil.Process(pid).kill()
+        _kill(main, seen)
+
+
+def test_a_prompt_file_with_no_usable_row_ends_the_start_in_one_line_naming_it(inputs, tmp_path):
+    root, model, _ = inputs
+    data = tmp_path / "no_prompt_key.jsonl"
+    data.write_text('{"question": "1+1=", "label": "2"}\n{"question": "2+2=", "label": "4"}\n')
+    main = _launch(root, model, data, tmp_path / "run")
+    seen: dict[int, str] = {}
+    try:
+        _watch(main, seen)
+        code = main.wait(timeout=120)
+        stderr = main.stderr.read()
+        assert code == 1, stderr[-3000:]
+        # The file loads while the children start (they were spawned), and its failure stops them.
+        assert any("actors.engine.cpu" in c for c in seen.values()), seen
+        assert stderr.strip().splitlines()[-1] == (
+            f"error: slime-async failed to start: prompt data {data}: none of its 2 rows is usable (input key "
+            "'prompt'; see the warnings above for each row)"), stderr[-3000:]
+        _assert_no_descendant_left(seen)
+    finally:
+        _kill(main, seen)
