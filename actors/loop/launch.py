@@ -161,10 +161,10 @@ async def _main(config: RunConfig, run_dir: Path, restarts: int, progress: RunPr
     if config.algorithm.loss_type == "sft":
         return await _sft_main(config, run_dir, load_run_data(config), cluster, trace)
     # The tokenizer and the prompts load while the engines and the trainer's ranks start: seconds of
-    # imports (transformers) that no child waits for. A thread: the event loop spawns the children
-    # meanwhile, and only the transformers import runs beside its (small) imports of start-up.
-    # Prompt files that exist were checked before (preflight); one with no usable row fails the
-    # start here, with its name, and the children already started are stopped.
+    # imports (transformers) that no child waits for. In a thread, so the event loop spawns the
+    # children meanwhile (it imports little then, and nothing of transformers'). Prompt files were
+    # found readable before (preflight); one with no usable row ends the start with its name, and
+    # the children already started are stopped.
     data_load = asyncio.ensure_future(asyncio.to_thread(load_run_data, config))
     try:
         return await _rl_main(config, run_dir, restarts, progress, cluster, trace, data_load)

@@ -1,10 +1,13 @@
-"""How `slime-async train` decides to restart a failed run (its actors' configs: test_run_config_resolve.py)."""
+"""How `slime-async train` decides to restart a failed run, where children start, and how a start
+ends when the prompts fail to load (its actors' configs: test_run_config_resolve.py)."""
 
+import asyncio
 from dataclasses import replace
 
 import pytest
 
-from actors.loop.launch import rollout_starts_with_trainer, should_restart, trainer_starts_with_engines
+from actors.loop.launch import (rollout_starts_with_trainer, should_restart, start_unless_failed,
+                                trainer_starts_with_engines)
 from actors.loop.run_config import RunConfig
 from actors.loop.train_loop import RunProgress
 from slime_async.config.sections import CheckpointConfig
@@ -64,3 +67,34 @@ def test_the_rollout_generates_during_the_trainers_start_only_from_the_weights_i
     config = RunConfig()
     config = replace(config, **{section: replace(getattr(config, section), **change)})
     assert rollout_starts_with_trainer(config, gpu, restarts) is early
+
+
+async def test_a_start_ends_with_the_other_tasks_error_when_it_fails_first_and_the_start_is_cancelled():
+    loop = asyncio.get_running_loop()
+    other, cancelled = loop.create_future(), []
+
+    async def slow_start():
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    loop.call_later(0.01, other.set_exception, ValueError("prompt data p.jsonl: none of its 2 rows is usable"))
+    with pytest.raises(ValueError, match="none of its 2 rows"):
+        await start_unless_failed(other, slow_start())
+    assert cancelled == [True]
+
+
+async def test_a_start_returns_its_result_when_the_other_task_succeeds_or_is_still_running():
+    loop = asyncio.get_running_loop()
+    done, running = loop.create_future(), loop.create_future()
+    done.set_result("data")
+
+    async def start():
+        await asyncio.sleep(0)
+        return "engines"
+
+    assert await start_unless_failed(done, start()) == "engines"
+    assert await start_unless_failed(running, start()) == "engines"
+    running.cancel()
