@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The test command: install into ./.venv, then run the whole suite (CPU only, ~20 min on 2 cores).
-# Two pytest workers (pytest-xdist), each running whole test files: a run's processes leave a core
-# idle at times (a process importing alone, a child starting, a run stopping), which the other
-# file's work fills (1,645 s in one worker, 1,176 s in two). Files, not single tests: a file's
-# module fixtures (its shared runs) then start once. Extra arguments go to pytest (-n 0: no workers, all in one process).
+# The test command: install into ./.venv, then run the whole suite (CPU only, 20–22 min on 2 cores).
+# Two pytest workers (pytest-xdist), each running whole test files: a run's processes leave a
+# core idle at times (a process importing alone, a child starting, a run stopping), which the
+# other file's work fills (1,645 s in one worker; 1,176-1,322 s in two, three runs). Whole files:
+# a file's module fixtures (its shared runs) start once. Extra arguments go to pytest
+# (-n 0: no workers, everything in this process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/setup-venv
